@@ -1,0 +1,1 @@
+"""Queue semantics with no knowledge of Spark, Delta or Dagster."""

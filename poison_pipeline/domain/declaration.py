@@ -1,0 +1,125 @@
+"""The declaration file: lake root, Spark settings and application queues."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from poison_pipeline.domain.imports import import_callable
+from poison_pipeline.domain.policy import PoisonQueuePolicy, Policy
+
+_QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+CONFIG_ENV = "POISON_PIPELINE_CONFIG"
+
+
+class DeclarationError(ValueError):
+    """The declaration is invalid; the message names every field, value and rule broken."""
+
+
+class SparkSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master: str = "local[*]"
+    remote: str | None = None
+    app_name: str = "poison_pipeline"
+    config: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _values_as_text(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        return value
+
+    @field_validator("remote")
+    @classmethod
+    def _connect_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("sc://"):
+            raise ValueError("a Spark Connect endpoint starts with sc:// (e.g. sc://host:15002)")
+        return value
+
+
+class QueueDeclaration(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    handler: str
+    policy: Policy = Field(default_factory=Policy)
+    poison_queue: PoisonQueuePolicy = Field(default_factory=PoisonQueuePolicy)
+
+    @field_validator("handler")
+    @classmethod
+    def _import_path(cls, value: str) -> str:
+        import_callable(value)
+        return value
+
+
+class Declaration(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lake_root: str
+    storage_options: dict[str, str] = Field(default_factory=dict)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    queues: dict[str, QueueDeclaration]
+
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, value: dict[str, QueueDeclaration]) -> dict[str, QueueDeclaration]:
+        if not value:
+            raise ValueError("declare at least one queue")
+        for name in value:
+            if not _QUEUE_NAME.match(name):
+                raise ValueError(
+                    f"queue name {name!r} must be lowercase letters, digits and _, "
+                    "starting with a letter (it names tables and Dagster assets)"
+                )
+        return value
+
+    def queue(self, name: str) -> QueueDeclaration:
+        if name not in self.queues:
+            raise KeyError(f"no queue {name!r} is declared; declared: {', '.join(self.queues)}")
+        return self.queues[name]
+
+
+def _format(error: ValidationError, source: str) -> str:
+    lines = [f"invalid declaration {source}:"]
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where} = {item.get('input')!r}: {message}")
+    return "\n".join(lines)
+
+
+def parse_declaration(data: Any, source: str = "<dict>", base_dir: Path | None = None) -> Declaration:
+    """Validate a declaration given as data; relative lake roots resolve against `base_dir`."""
+    if not isinstance(data, dict):
+        raise DeclarationError(f"invalid declaration {source}: expected a mapping at the top level")
+    try:
+        declaration = Declaration.model_validate(data)
+    except ValidationError as error:
+        raise DeclarationError(_format(error, source)) from None
+    root = declaration.lake_root
+    if "://" not in root and not os.path.isabs(root):
+        root = str(((base_dir or Path.cwd()) / root).resolve())
+        declaration = declaration.model_copy(update={"lake_root": root})
+    return declaration
+
+
+def load_declaration(path: str | os.PathLike[str] | None = None) -> Declaration:
+    """Load the declaration from `path`, or from $POISON_PIPELINE_CONFIG, or the bundled example."""
+    chosen = Path(path or os.environ.get(CONFIG_ENV) or default_declaration_path())
+    if not chosen.is_file():
+        raise DeclarationError(f"declaration file {chosen} does not exist")
+    try:
+        data = yaml.safe_load(chosen.read_text())
+    except yaml.YAMLError as error:
+        raise DeclarationError(f"declaration {chosen} is not valid YAML: {error}") from None
+    return parse_declaration(data, str(chosen), chosen.parent)
+
+
+def default_declaration_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"

@@ -1,0 +1,180 @@
+"""The message envelope (SPEC section 4, a contract) and what a handler is given."""
+
+from __future__ import annotations
+
+import base64
+import json
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+ENCODINGS = ("empty", "json", "xml", "text", "binary")
+_FIELDS = {
+    "message_id", "conversation_id", "sequence_number", "message_type", "body", "body_base64",
+    "encoding", "enqueued_at", "expires_at", "sender", "headers",
+}
+
+
+class EnvelopeError(ValueError):
+    """An envelope was refused; the message names the field and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class Envelope:
+    message_id: str
+    message_type: str
+    body: bytes
+    encoding: str
+    enqueued_at: datetime
+    conversation_id: str | None = None
+    sequence_number: int | None = None
+    expires_at: datetime | None = None
+    sender: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One delivery of an envelope to a handler, with its counts (WCF's operation context)."""
+
+    envelope: Envelope
+    queue: str
+    abort_count: int
+    move_count: int
+    cycle: int
+    attempt: int
+
+    def __getattr__(self, name: str) -> Any:
+        # Handlers read message.message_id, message.body...: delegate to the envelope.
+        return getattr(self.envelope, name)
+
+    def json(self) -> Any:
+        return json.loads(self.envelope.body)
+
+    def text(self) -> str:
+        return self.envelope.body.decode("utf-8")
+
+
+def _timestamp(record: dict[str, Any], name: str) -> datetime | None:
+    value = record.get(name)
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise EnvelopeError(f"{name}: {value!r} is not an ISO 8601 timestamp") from None
+    else:
+        raise EnvelopeError(f"{name}: {value!r} is not an ISO 8601 timestamp")
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _text(record: dict[str, Any], name: str, required: bool, limit: int = 256) -> str | None:
+    value = record.get(name)
+    if value is None or value == "":
+        if required:
+            raise EnvelopeError(f"{name}: required, and missing or empty")
+        return None
+    if not isinstance(value, str):
+        raise EnvelopeError(f"{name}: {value!r} must be a string")
+    if len(value) > limit:
+        raise EnvelopeError(f"{name}: longer than {limit} characters")
+    return value
+
+
+def _body(record: dict[str, Any], encoding: str) -> bytes:
+    if "body" in record and "body_base64" in record:
+        raise EnvelopeError("body: give either body or body_base64, not both")
+    if "body_base64" in record:
+        try:
+            return base64.b64decode(record["body_base64"], validate=True)
+        except (ValueError, TypeError):
+            raise EnvelopeError("body_base64: not valid base64") from None
+    value = record.get("body")
+    if value is None:
+        return b""
+    if encoding == "json" and not isinstance(value, str):
+        return json.dumps(value, separators=(",", ":")).encode()
+    if not isinstance(value, str):
+        raise EnvelopeError(f"body: a {encoding} body must be a string (or use body_base64)")
+    return value.encode("utf-8")
+
+
+def check_body(body: bytes, encoding: str, max_bytes: int) -> None:
+    """Refuse a body that its encoding says cannot be what it is, or one that is too large."""
+    if len(body) > max_bytes:
+        raise EnvelopeError(f"body: {len(body)} bytes is over the queue's limit of {max_bytes}")
+    if encoding == "empty":
+        if body:
+            raise EnvelopeError("body: encoding 'empty' must have no body")
+        return
+    if encoding == "binary":
+        return
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise EnvelopeError(
+            f"body: not valid UTF-8 at byte {error.start} for encoding {encoding!r} "
+            "(send it as 'binary' with body_base64)"
+        ) from None
+    if encoding == "json":
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as error:
+            raise EnvelopeError(f"body: not valid JSON ({error})") from None
+    elif encoding == "xml":
+        try:
+            ElementTree.fromstring(text)
+        except ElementTree.ParseError as error:
+            raise EnvelopeError(f"body: not well-formed XML ({error})") from None
+
+
+def parse_envelope(
+    record: Any,
+    now: datetime,
+    time_to_live: timedelta | None = None,
+    max_body_bytes: int = 4 * 1024 * 1024,
+) -> Envelope:
+    """Validate one record (a decoded JSON object) into an Envelope, or raise EnvelopeError."""
+    if not isinstance(record, dict):
+        raise EnvelopeError(f"an envelope must be a JSON object, got {type(record).__name__}")
+    unknown = sorted(set(record) - _FIELDS)
+    if unknown:
+        raise EnvelopeError(f"{unknown[0]}: not an envelope field (fields: {', '.join(sorted(_FIELDS))})")
+    message_id = _text(record, "message_id", required=True)
+    message_type = _text(record, "message_type", required=True)
+    encoding = record.get("encoding", "json")
+    if encoding not in ENCODINGS:
+        raise EnvelopeError(f"encoding: {encoding!r} is not one of {', '.join(ENCODINGS)}")
+    body = _body(record, encoding)
+    check_body(body, encoding, max_body_bytes)
+    sequence = record.get("sequence_number")
+    if sequence is not None and (isinstance(sequence, bool) or not isinstance(sequence, int)):
+        raise EnvelopeError(f"sequence_number: {sequence!r} must be an integer")
+    conversation_id = _text(record, "conversation_id", required=False)
+    if sequence is not None and conversation_id is None:
+        raise EnvelopeError("sequence_number: only meaningful with a conversation_id")
+    headers = record.get("headers") or {}
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise EnvelopeError("headers: must be an object of string keys to string values")
+    enqueued_at = _timestamp(record, "enqueued_at") or now
+    expires_at = _timestamp(record, "expires_at")
+    if expires_at is None and time_to_live is not None:
+        expires_at = enqueued_at + time_to_live
+    return Envelope(
+        message_id=message_id or "",
+        message_type=message_type or "",
+        body=body,
+        encoding=encoding,
+        enqueued_at=enqueued_at,
+        conversation_id=conversation_id,
+        sequence_number=sequence,
+        expires_at=expires_at,
+        sender=_text(record, "sender", required=False),
+        headers=dict(headers),
+    )

@@ -1,0 +1,118 @@
+"""The poison-message policy of one application queue (SPEC section 5; defaults are WCF's)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.domain.imports import import_callable, import_exception
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+class ReceiveErrorHandling(StrEnum):
+    FAULT = "fault"
+    DROP = "drop"
+    REJECT = "reject"
+    MOVE = "move"
+
+
+class UnrecoverableRoute(StrEnum):
+    FINAL_DISPOSITION = "final_disposition"
+    QUARANTINE = "quarantine"
+
+
+class Ordering(StrEnum):
+    NONE = "none"
+    CONVERSATION = "conversation"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Unrecoverable(_Strict):
+    """Errors that skip the remaining retries: exception types (subclasses match) or codes."""
+
+    exceptions: list[str] = Field(default_factory=list)
+    codes: list[str] = Field(default_factory=list)
+    route: UnrecoverableRoute = UnrecoverableRoute.FINAL_DISPOSITION
+
+    @field_validator("codes", mode="before")
+    @classmethod
+    def _codes_as_text(cls, value: object) -> object:
+        # Handlers raise codes as ints or strings; comparing their text makes 42 and "42" agree.
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        return value
+
+    @field_validator("exceptions")
+    @classmethod
+    def _exception_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            import_exception(path)
+        return value
+
+
+class Policy(_Strict):
+    receive_retry_count: int = Field(default=5, ge=0, le=1000)
+    max_retry_cycles: int = Field(default=2, ge=0, le=100)
+    retry_cycle_delay: Duration = timedelta(minutes=30)
+    receive_error_handling: ReceiveErrorHandling = ReceiveErrorHandling.FAULT
+    time_to_live: Duration | None = None
+    handler_timeout: Duration | None = None
+    unrecoverable: Unrecoverable = Field(default_factory=Unrecoverable)
+    ordering: Ordering = Ordering.NONE
+    # Duplicates are detected against messages processed within this window: it bounds what a
+    # cycle reads to recent history instead of all of it.
+    dedup_window: Duration = timedelta(days=7)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+
+    @field_validator("retry_cycle_delay", "dedup_window")
+    @classmethod
+    def _not_negative(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must not be negative")
+        return value
+
+    @field_validator("time_to_live", "handler_timeout")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError("must be greater than zero")
+        return value
+
+    @property
+    def max_attempts(self) -> int:
+        """WCF's bound on deliveries: (ReceiveRetryCount + 1) * (MaxRetryCycles + 1)."""
+        return (self.receive_retry_count + 1) * (self.max_retry_cycles + 1)
+
+
+class PoisonQueuePolicy(_Strict):
+    """How the poison subqueue is read; without a handler its messages go to quarantine."""
+
+    handler: str | None = None
+    receive_retry_count: int = Field(default=0, ge=0, le=1000)
+    receive_error_handling: ReceiveErrorHandling = ReceiveErrorHandling.DROP
+    handler_timeout: Duration | None = None
+
+    @field_validator("handler")
+    @classmethod
+    def _handler_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            import_callable(value)
+        return value
+
+    @field_validator("receive_error_handling")
+    @classmethod
+    def _no_move(cls, value: ReceiveErrorHandling) -> ReceiveErrorHandling:
+        if value is ReceiveErrorHandling.MOVE:
+            raise ValueError(
+                "the poison queue's receive_error_handling must be drop, reject or fault: "
+                "'move' has no further poison queue to move to"
+            )
+        return value

@@ -1,0 +1,117 @@
+"""Where a message goes after a cycle: the routing rules of WCF over MSMQ 4.0 (SPEC section 6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from poison_pipeline.domain.policy import (
+    PoisonQueuePolicy,
+    Policy,
+    ReceiveErrorHandling,
+    UnrecoverableRoute,
+)
+
+INBOUND = "inbound"
+POISON = "poison"
+DEAD_LETTER = "dead_letter"
+QUARANTINE = "quarantine"
+PROCESSED = "processed"
+# A faulted message stays where it failed: it is written back to the table it was taken from.
+STAY = "stay"
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    EXHAUSTED = "exhausted"
+    UNRECOVERABLE = "unrecoverable"
+
+
+class Disposition(StrEnum):
+    PROCESSED = "processed"
+    DUPLICATE = "duplicate"
+    DROPPED = "dropped"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    MOVED = "moved"
+    POISONED = "poisoned"
+    QUARANTINED = "quarantined"
+    FAULTED = "faulted"
+
+
+@dataclass(frozen=True)
+class Route:
+    destination: str
+    disposition: Disposition
+    reason: str | None = None
+
+    @property
+    def notifies_sender(self) -> bool:
+        return self.disposition is Disposition.REJECTED
+
+    @property
+    def disables_queue(self) -> bool:
+        return self.disposition is Disposition.FAULTED
+
+
+def retry_table(cycle: int) -> str:
+    return f"retry_{cycle}"
+
+
+def waiting_tables(policy: Policy) -> list[str]:
+    """The tables a message can wait in, in the order of the flow."""
+    return [INBOUND, *(retry_table(k) for k in range(1, policy.max_retry_cycles + 1)), POISON]
+
+
+def cycle_of(table: str) -> int:
+    """Retry cycle number of a waiting table: 0 for inbound, k for retry_k."""
+    if table == INBOUND:
+        return 0
+    if table.startswith("retry_"):
+        return int(table.removeprefix("retry_"))
+    raise ValueError(f"{table!r} is not the inbound queue or a retry subqueue")
+
+
+def _final(handling: ReceiveErrorHandling, expired: bool) -> Route:
+    if handling is ReceiveErrorHandling.FAULT:
+        return Route(STAY, Disposition.FAULTED, "faulted")
+    if handling is ReceiveErrorHandling.DROP:
+        # WCF: a dropped message appears in the dead-letter queue only if its time to live expired.
+        if expired:
+            return Route(DEAD_LETTER, Disposition.EXPIRED, "expired")
+        return Route(PROCESSED, Disposition.DROPPED, "dropped")
+    if handling is ReceiveErrorHandling.REJECT:
+        return Route(DEAD_LETTER, Disposition.REJECTED, "rejected")
+    return Route(POISON, Disposition.POISONED, "poisoned")
+
+
+def route_main(table: str, outcome: Outcome, policy: Policy, expired: bool) -> Route:
+    """Route a message after its cycle in the inbound queue or a retry subqueue."""
+    if outcome is Outcome.SUCCEEDED:
+        return Route(PROCESSED, Disposition.PROCESSED)
+    if outcome is Outcome.UNRECOVERABLE:
+        if policy.unrecoverable.route is UnrecoverableRoute.QUARANTINE:
+            return Route(QUARANTINE, Disposition.QUARANTINED, "unrecoverable")
+        return _final(policy.receive_error_handling, expired)
+    cycle = cycle_of(table)
+    if cycle < policy.max_retry_cycles:
+        return Route(retry_table(cycle + 1), Disposition.MOVED, "retry")
+    return _final(policy.receive_error_handling, expired)
+
+
+def route_poison(outcome: Outcome, poison: PoisonQueuePolicy, expired: bool) -> Route:
+    """Route a message after its cycle in the poison queue (no handler: quarantine it)."""
+    if poison.handler is None:
+        return Route(QUARANTINE, Disposition.QUARANTINED, "poison")
+    if outcome is Outcome.SUCCEEDED:
+        return Route(PROCESSED, Disposition.PROCESSED)
+    return _final(poison.receive_error_handling, expired)
+
+
+def route_before_delivery(expired: bool, duplicate: bool) -> Route | None:
+    """Messages that are never delivered: expired ones and already-processed duplicates."""
+    if duplicate:
+        return Route(PROCESSED, Disposition.DUPLICATE, "duplicate")
+    if expired:
+        return Route(DEAD_LETTER, Disposition.EXPIRED, "expired")
+    return None

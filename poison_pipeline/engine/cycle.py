@@ -1,0 +1,110 @@
+"""One retry cycle of one waiting table: recover, select, deliver on Spark, stage, commit."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.routing import PROCESSED
+from poison_pipeline.engine.batch import CycleSpec, Processor
+from poison_pipeline.engine.commit import apply_staged
+from poison_pipeline.engine.dedup import find_duplicates
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.control import queue_state
+from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
+from poison_pipeline.storage.tables import QueueTables
+
+
+@dataclass
+class CycleReport:
+    queue: str
+    table: str
+    seq: int = 0
+    skipped: str | None = None
+    counts: dict[str, float] = field(default_factory=dict)
+    recovered: dict[str, float] | None = None
+    duration_s: float = 0.0
+    oldest_age_s: float | None = None
+
+
+def _journal(tables: QueueTables, table: str) -> str:
+    return tables.work_uri("journal", f"{table}.json")
+
+
+def _finish(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[str, float]:
+    counts = apply_staged(tables, entry, cycle)
+    entry.state, entry.summary = "done", counts
+    write_entry(_journal(tables, entry.table), entry)
+    remove_tree(entry.staging)
+    return counts
+
+
+def run_cycle(
+    spark: SparkSession,
+    declaration: Declaration,
+    queue: str,
+    table: str,
+    now: datetime | None = None,
+    run_id: str = "manual",
+) -> CycleReport:
+    """Process the due messages of `table` in `queue` once; safe to re-run after any crash."""
+    started = time.perf_counter()
+    queue_decl = declaration.queue(queue)
+    tables = QueueTables.of(declaration, queue)
+    if table not in tables.waiting:
+        raise ValueError(f"{table!r} is not a waiting table of {queue!r}: {', '.join(tables.waiting)}")
+    tables.ensure()
+    report = CycleReport(queue, table)
+    spec_cycle = CycleSpec(queue, table, queue_decl.policy, queue_decl.poison_queue, None,
+                           datetime.now(UTC), "").cycle
+    previous = read_entry(_journal(tables, table))
+    seq = 1
+    if previous is not None:
+        seq = previous.seq if previous.state == "planned" else previous.seq + 1
+        if previous.state == "staged":
+            report.recovered = _finish(tables, previous, spec_cycle)
+        elif previous.state == "planned":
+            remove_tree(previous.staging)  # a compute that died: nothing of it was committed
+    state = queue_state(tables)
+    if not state.enabled:
+        report.skipped = f"queue {queue!r} is disabled: {state.reason}"
+        return report
+    now = now or datetime.now(UTC)
+    stats = tables.stats(table, now)
+    if stats.oldest is not None:
+        report.oldest_age_s = (now - stats.oldest).total_seconds()
+    if not stats.due_files:
+        report.skipped = "no message is due"
+        report.duration_s = time.perf_counter() - started
+        return report
+    entry = JournalEntry(seq, "planned", table, run_id, now.isoformat(), list(stats.due_batches),
+                         tables.work_uri("staging", table, str(seq)))
+    write_entry(_journal(tables, table), entry)
+    batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
+    window_start = (now - queue_decl.policy.dedup_window).date().isoformat()
+    ledger = tables.open(PROCESSED).file_uris(partition_filters=[("date", ">=", window_start)])
+    duplicates = find_duplicates(spark, batch, ledger)
+    spec = CycleSpec(
+        queue=queue,
+        table=table,
+        policy=queue_decl.policy,
+        poison=queue_decl.poison_queue,
+        handler=queue_decl.poison_queue.handler if table == "poison" else queue_decl.handler,
+        now=now,
+        out_batch=f"{table}-{seq}-{run_id}",
+        seen=duplicates.seen,
+        losers=duplicates.losers,
+    )
+    results = batch.mapInArrow(Processor(spec), from_arrow_schema(schemas.RESULT))
+    results.write.mode("overwrite").partitionBy("destination").parquet(entry.staging)
+    entry.state = "staged"
+    write_entry(_journal(tables, table), entry)
+    report.seq = seq
+    report.counts = _finish(tables, entry, spec.cycle)
+    report.duration_s = time.perf_counter() - started
+    return report

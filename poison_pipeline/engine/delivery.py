@@ -1,0 +1,118 @@
+"""Delivering one message to its handler, attempt after attempt, on an executor.
+
+Each attempt is isolated: whatever the handler raises (or a timeout) aborts that attempt only.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from poison_pipeline.domain.envelope import Message
+from poison_pipeline.domain.errors import Classifier, ErrorInfo, HandlerTimeout, describe
+from poison_pipeline.domain.routing import Outcome
+
+Handler = Callable[[Message], Any]
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    attempt: int
+    started_at: datetime
+    duration_ms: float
+    outcome: str
+    error: ErrorInfo | None
+
+    def as_row(self) -> dict[str, Any]:
+        error = self.error
+        return {
+            "attempt": self.attempt,
+            "started_at": self.started_at,
+            "duration_ms": self.duration_ms,
+            "outcome": self.outcome,
+            "error_type": error.type if error else None,
+            "error_message": error.message if error else None,
+            "error_stack": error.stack if error else None,
+            "error_signature": error.signature if error else None,
+        }
+
+
+def _timed_out(seconds: float) -> HandlerTimeout:
+    return HandlerTimeout(f"the handler ran longer than the handler_timeout of {seconds:g}s")
+
+
+def call_with_timeout(handler: Handler, message: Message, seconds: float | None) -> None:
+    """Call the handler; past `seconds` the attempt aborts with HandlerTimeout."""
+    if seconds is None:
+        handler(message)
+        return
+    if threading.current_thread() is threading.main_thread():
+        # A timer signal interrupts the handler's Python code in place, so a hung attempt
+        # does not hold the worker.
+        def on_alarm(signum: int, frame: Any) -> None:
+            raise _timed_out(seconds)
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            handler(message)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        return
+    # Off the main thread no signal can be used: abandon the attempt's thread after the timeout.
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        pool.submit(handler, message).result(timeout=seconds)
+    except FutureTimeout:
+        raise _timed_out(seconds) from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    outcome: Outcome
+    attempts: list[AttemptRecord]
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for a in self.attempts if a.outcome != "success")
+
+    @property
+    def last_error(self) -> ErrorInfo | None:
+        return next((a.error for a in reversed(self.attempts) if a.error), None)
+
+
+def deliver(
+    handler: Handler,
+    make_message: Callable[[int], Message],
+    max_attempts: int,
+    timeout: float | None,
+    classifier: Classifier,
+) -> Delivery:
+    """Up to `max_attempts` attempts; stop at the first success or unrecoverable error."""
+    records: list[AttemptRecord] = []
+    for attempt in range(1, max_attempts + 1):
+        started, clock = datetime.now(UTC), time.perf_counter()
+        try:
+            call_with_timeout(handler, make_message(attempt), timeout)
+        except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
+            info = describe(error)
+            outcome = "timeout" if isinstance(error, HandlerTimeout) else "abort"
+            records.append(
+                AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, outcome, info)
+            )
+            if classifier.unrecoverable(error, info):
+                return Delivery(Outcome.UNRECOVERABLE, records)
+            continue
+        records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, "success", None))
+        return Delivery(Outcome.SUCCEEDED, records)
+    return Delivery(Outcome.EXHAUSTED, records)

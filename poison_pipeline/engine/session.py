@@ -1,0 +1,36 @@
+"""Building the Spark session a run uses: embedded local[*], a master URL, or Spark Connect."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from poison_pipeline.domain.declaration import SparkSettings
+
+# Settings the engine relies on: microsecond UTC timestamps that Delta readers understand, and
+# Arrow batches for the handler UDF. Users may override anything else.
+REQUIRED = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.driver.memory": "2g",
+    "spark.sql.sources.partitionOverwriteMode": "static",
+}
+
+
+def build_session(settings: SparkSettings) -> SparkSession:
+    """Return the session for `settings`; workers run this interpreter so they see the same venv."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(settings.app_name)
+    builder = builder.remote(settings.remote) if settings.remote else builder.master(settings.master)
+    for key, value in {**DEFAULTS, **settings.config, **REQUIRED}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,1 @@
+"""The demo's application: inventory withdrawals and purchase orders (see the reference documents)."""

@@ -1,0 +1,55 @@
+"""The cycle journal: one small JSON file per waiting table that makes a cycle's commits resumable.
+
+A cycle writes `planned`, stages its results, writes `staged`, then commits to each table; a run
+that finds `staged` finishes those commits instead of processing again, so a crash anywhere loses
+nothing, duplicates nothing, and never counts an attempt twice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import pyarrow.fs as pafs
+
+State = Literal["planned", "staged", "done"]
+
+
+@dataclass
+class JournalEntry:
+    seq: int
+    state: State
+    table: str
+    run_id: str
+    started_at: str
+    batches: list[str] = field(default_factory=list)
+    staging: str = ""
+    summary: dict[str, float] = field(default_factory=dict)
+
+
+def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
+    return pafs.FileSystem.from_uri(uri if "://" in uri else f"file://{uri}")
+
+
+def read_entry(uri: str) -> JournalEntry | None:
+    fs, path = _fs(uri)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as stream:
+        return JournalEntry(**json.loads(stream.read()))
+
+
+def write_entry(uri: str, entry: JournalEntry) -> None:
+    """Replace the entry atomically: write a temporary file and rename it over the old one."""
+    fs, path = _fs(uri)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path + ".tmp") as stream:
+        stream.write(json.dumps(asdict(entry)).encode())
+    fs.move(path + ".tmp", path)
+
+
+def remove_tree(uri: str) -> None:
+    fs, path = _fs(uri)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)

@@ -1,0 +1,134 @@
+"""Arrow schemas of every table; Spark schemas are derived from these, never written twice."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+ENVELOPE_FIELDS = [
+    pa.field("message_id", pa.string()),
+    pa.field("conversation_id", pa.string()),
+    pa.field("sequence_number", pa.int64()),
+    pa.field("message_type", pa.string()),
+    pa.field("body", pa.binary()),
+    pa.field("encoding", pa.string()),
+    pa.field("enqueued_at", TS),
+    pa.field("expires_at", TS),
+    pa.field("sender", pa.string()),
+    pa.field("headers", pa.map_(pa.string(), pa.string())),
+]
+
+# A waiting message: the envelope, its counts, when it may next be delivered, the last error, and
+# the batch that wrote it (a cycle takes and removes whole batches, so a batch id names a file set).
+MESSAGE = pa.schema(
+    ENVELOPE_FIELDS
+    + [
+        pa.field("abort_count", pa.int32()),
+        pa.field("total_abort_count", pa.int32()),
+        pa.field("move_count", pa.int32()),
+        pa.field("due_at", TS),
+        pa.field("entered_at", TS),
+        pa.field("batch_id", pa.string()),
+        pa.field("last_error_type", pa.string()),
+        pa.field("last_error_message", pa.string()),
+        pa.field("last_error_stack", pa.string()),
+        pa.field("last_error_signature", pa.string()),
+    ]
+)
+
+DEAD_LETTER = pa.schema(
+    list(MESSAGE)
+    + [
+        pa.field("reason", pa.string()),
+        pa.field("from_table", pa.string()),
+        pa.field("dead_lettered_at", TS),
+    ]
+)
+
+QUARANTINE = pa.schema(
+    list(MESSAGE)
+    + [
+        pa.field("reason", pa.string()),
+        pa.field("from_table", pa.string()),
+        pa.field("quarantined_at", TS),
+    ]
+)
+
+PROCESSED = pa.schema(
+    [
+        pa.field("message_id", pa.string()),
+        pa.field("conversation_id", pa.string()),
+        pa.field("message_type", pa.string()),
+        pa.field("disposition", pa.string()),
+        pa.field("from_table", pa.string()),
+        pa.field("batch_id", pa.string()),
+        pa.field("total_abort_count", pa.int32()),
+        pa.field("move_count", pa.int32()),
+        pa.field("at", TS),
+        pa.field("date", pa.string()),
+        pa.field("cycle_seq", pa.int64()),
+    ]
+)
+
+ATTEMPT_FIELDS = [
+    pa.field("attempt", pa.int32()),
+    pa.field("started_at", TS),
+    pa.field("duration_ms", pa.float64()),
+    pa.field("outcome", pa.string()),
+    pa.field("error_type", pa.string()),
+    pa.field("error_message", pa.string()),
+    pa.field("error_stack", pa.string()),
+    pa.field("error_signature", pa.string()),
+]
+
+ATTEMPTS = pa.schema(
+    [
+        pa.field("message_id", pa.string()),
+        pa.field("table", pa.string()),
+        pa.field("cycle", pa.int32()),
+        *ATTEMPT_FIELDS,
+        pa.field("run_id", pa.string()),
+        pa.field("cycle_seq", pa.int64()),
+        pa.field("date", pa.string()),
+    ]
+)
+
+EVENTS = pa.schema(
+    [
+        pa.field("event_id", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("at", TS),
+        pa.field("actor", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("message_id", pa.string()),
+        pa.field("table", pa.string()),
+    ]
+)
+
+NOTIFICATIONS = pa.schema(
+    [
+        pa.field("notification_id", pa.string()),
+        pa.field("recipient", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("message_id", pa.string()),
+        pa.field("conversation_id", pa.string()),
+        pa.field("code", pa.int64()),
+        pa.field("description", pa.string()),
+        pa.field("at", TS),
+    ]
+)
+
+# What the Spark batch returns per message: the message with its new counts, where it goes and why,
+# and every attempt it made in this cycle.
+RESULT = pa.schema(
+    list(MESSAGE)
+    + [
+        pa.field("destination", pa.string()),
+        pa.field("disposition", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("attempts", pa.list_(pa.struct(ATTEMPT_FIELDS))),
+    ]
+)
+
+PARTITIONS: dict[str, list[str]] = {"processed": ["date"], "attempts": ["date"]}

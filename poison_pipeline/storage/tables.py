@@ -1,0 +1,180 @@
+"""The Delta tables of one application queue under the lake root, read and committed with delta-rs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.routing import (
+    DEAD_LETTER,
+    INBOUND,
+    POISON,
+    PROCESSED,
+    QUARANTINE,
+    waiting_tables,
+)
+from poison_pipeline.storage import schemas
+
+ATTEMPTS = "attempts"
+EVENTS = "events"
+NOTIFICATIONS = "notifications"
+
+
+def schema_of(table: str) -> pa.Schema:
+    if table in (INBOUND, POISON) or table.startswith("retry_"):
+        return schemas.MESSAGE
+    return {
+        DEAD_LETTER: schemas.DEAD_LETTER,
+        QUARANTINE: schemas.QUARANTINE,
+        PROCESSED: schemas.PROCESSED,
+        ATTEMPTS: schemas.ATTEMPTS,
+        EVENTS: schemas.EVENTS,
+        NOTIFICATIONS: schemas.NOTIFICATIONS,
+    }[table]
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """What the transaction log alone says of a table: no data file is opened."""
+
+    version: int
+    rows: int
+    files: int
+    oldest: datetime | None
+    due_rows: int
+    due_batches: tuple[str, ...]
+    due_files: tuple[str, ...]
+    next_due: datetime | None
+
+
+@dataclass(frozen=True)
+class QueueTables:
+    lake_root: str
+    queue: str
+    storage_options: dict[str, str]
+    waiting: tuple[str, ...]
+
+    @classmethod
+    def of(cls, declaration: Declaration, queue: str) -> QueueTables:
+        policy = declaration.queue(queue).policy
+        return cls(
+            lake_root=declaration.lake_root.rstrip("/"),
+            queue=queue,
+            storage_options=dict(declaration.storage_options),
+            waiting=tuple(waiting_tables(policy)),
+        )
+
+    @property
+    def all_tables(self) -> tuple[str, ...]:
+        return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS)
+
+    def uri(self, table: str) -> str:
+        return f"{self.lake_root}/{self.queue}/{table}"
+
+    def work_uri(self, *parts: str) -> str:
+        """Where the cycle journal and staged results live, beside the tables."""
+        return "/".join((self.lake_root, self.queue, "_work", *parts))
+
+    def ensure(self) -> None:
+        """Create every table that does not exist yet (safe to call from several processes)."""
+        for table in self.all_tables:
+            if DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options):
+                continue
+            try:
+                DeltaTable.create(
+                    self.uri(table),
+                    schema=schema_of(table),
+                    partition_by=schemas.PARTITIONS.get(table),
+                    mode="ignore",
+                    storage_options=self.storage_options,
+                )
+            except Exception:
+                if not DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options):
+                    raise
+
+    def open(self, table: str) -> DeltaTable:
+        try:
+            return DeltaTable(self.uri(table), storage_options=self.storage_options)
+        except TableNotFoundError:
+            raise FileNotFoundError(
+                f"table {self.uri(table)} does not exist: enqueue a message or run "
+                f"`poison-pipeline status` to create the tables of queue {self.queue!r}"
+            ) from None
+
+    def exists(self, table: str) -> bool:
+        return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
+
+    def append(self, table: str, data: Any, app_id: str | None = None, version: int = 0) -> bool:
+        """Append `data`; with an app id, once only: a replay of a committed version writes nothing."""
+        target = self.open(table)
+        properties = None
+        if app_id is not None:
+            if (target.transaction_version(app_id) or -1) >= version:
+                return False
+            properties = CommitProperties(app_transactions=[Transaction(app_id, version)])
+        write_deltalake(
+            target,
+            data,
+            mode="append",
+            partition_by=schemas.PARTITIONS.get(table),
+            commit_properties=properties,
+        )
+        return True
+
+    def remove_batches(self, table: str, batch_ids: Iterable[str]) -> None:
+        """Delete whole batches; deleting an already deleted batch changes nothing."""
+        ids = sorted(set(batch_ids))
+        if not ids:
+            return
+        quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
+        self.open(table).delete(f"batch_id IN ({quoted})")
+
+    def stats(self, table: str, now: datetime) -> TableStats:
+        """Rows, oldest entry and due batches of a table, from the Delta log's file statistics."""
+        target = self.open(table)
+        actions = pa.table(target.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return TableStats(target.version(), 0, 0, None, 0, (), (), None)
+        rows = actions.column("num_records").to_pylist()
+        columns = set(actions.column_names)
+        oldest_col = next(
+            (c for c in ("min.entered_at", "min.at", "min.dead_lettered_at", "min.quarantined_at",
+                         "min.started_at") if c in columns),
+            None,
+        )
+        oldest_values = [v for v in actions.column(oldest_col).to_pylist() if v] if oldest_col else []
+        # Every file holds a single batch (each enqueue and each cycle output is written as one
+        # batch), so a file's min and max batch id name its batch and a batch is due as a whole.
+        due_rows, due_batches, due_files, next_due = 0, set(), [], None
+        if "max.due_at" in columns:
+            for path, count, due, first, last in zip(
+                actions.column("path").to_pylist(),
+                rows,
+                actions.column("max.due_at").to_pylist(),
+                actions.column("min.batch_id").to_pylist(),
+                actions.column("max.batch_id").to_pylist(),
+                strict=True,
+            ):
+                if due is not None and due <= now:
+                    due_rows += count
+                    due_batches.update({first, last})
+                    due_files.append(f"{self.uri(table)}/{path}")
+                elif due is not None:
+                    next_due = due if next_due is None else min(next_due, due)
+        return TableStats(
+            version=target.version(),
+            rows=sum(rows),
+            files=actions.num_rows,
+            oldest=min(oldest_values) if oldest_values else None,
+            due_rows=due_rows,
+            due_batches=tuple(sorted(due_batches)),
+            due_files=tuple(due_files),
+            next_due=next_due,
+        )
