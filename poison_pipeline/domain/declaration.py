@@ -110,7 +110,7 @@ def parse_declaration(data: Any, source: str = "<dict>", base_dir: Path | None =
 
 
 def load_declaration(path: str | os.PathLike[str] | None = None) -> Declaration:
-    """Load the declaration from `path`, or from $POISON_PIPELINE_CONFIG, or the bundled example."""
+    """Load the declaration from `path`, else $POISON_PIPELINE_CONFIG, else ./poison_pipeline.yaml."""
     chosen = Path(path or os.environ.get(CONFIG_ENV) or default_declaration_path())
     if not chosen.is_file():
         raise DeclarationError(f"declaration file {chosen} does not exist")
@@ -122,4 +122,4 @@ def load_declaration(path: str | os.PathLike[str] | None = None) -> Declaration:
 
 
 def default_declaration_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
+    return Path.cwd() / "poison_pipeline.yaml"

@@ -1,0 +1,287 @@
+"""Throughput of one inbound retry cycle against a plain Spark pass over the same messages.
+
+    .venv/bin/python benchmarks/cycle_throughput.py [--messages N] [--master URL] [--phases]
+
+Writes N messages (200-byte JSON bodies, 1% poison, 0.5% transient) to a fresh inbound Delta table,
+then times, in one Spark session and on the same parquet files:
+
+- plain: read the files, call the same handler once per message (one retry), write id/ok/error;
+- cycle: `run_cycle(..., "inbound")`: selection, dedup, delivery, staging and the Delta commits.
+
+Prints one JSON line on stdout; everything else (Spark's logs included) goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+HERE = Path(__file__).resolve().parent
+# Spark's Python workers inherit PYTHONPATH from the JVM, which inherits it from this process: it
+# has to be set before the session starts for the workers to import the benchmark's handler.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, str(HERE))
+
+import bench_handler  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.pandas.types import from_arrow_schema  # noqa: E402
+from pyspark.sql.readwriter import DataFrameWriter  # noqa: E402
+
+from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration  # noqa: E402
+from poison_pipeline.engine import commit as commit_module  # noqa: E402
+from poison_pipeline.engine import cycle as cycle_module  # noqa: E402
+from poison_pipeline.engine.batch import CycleSpec, Processor  # noqa: E402
+from poison_pipeline.engine.cycle import CycleReport, run_cycle  # noqa: E402
+from poison_pipeline.engine.session import build_session  # noqa: E402
+from poison_pipeline.storage import schemas  # noqa: E402
+from poison_pipeline.storage.tables import QueueTables  # noqa: E402
+
+BODY_BYTES = 200
+TARGET_RATIO = 2.0
+WARMUP_MESSAGES = 2_000
+BATCH_ID = "enq-benchmark"
+# One retry inside the cycle lets a transient message succeed; a poison one fails both attempts and
+# moves to retry_1. Delay 0 keeps nothing waiting on the clock.
+POLICY = {
+    "receive_retry_count": 1,
+    "max_retry_cycles": 1,
+    "retry_cycle_delay": 0,
+    "receive_error_handling": "move",
+}
+
+
+def kind_of(index: int) -> str:
+    if index % 100 == 0:
+        return "poison"  # 1%
+    if index % 200 == 1:
+        return "transient"  # 0.5%
+    return "ok"
+
+
+def body_of(index: int) -> bytes:
+    head = f'{{"order_id":"m-{index:09d}","kind":"{kind_of(index)}","quantity":{index % 97 + 1},"note":"'
+    # The padding makes every body exactly BODY_BYTES long whatever its kind.
+    return (head + "x" * (BODY_BYTES - len(head) - 2) + '"}').encode()
+
+
+def message_table(count: int, now: datetime, prefix: str) -> pa.Table:
+    """`count` waiting messages of schemas.MESSAGE, built column-wise: fresh counts, due now."""
+    bodies = pa.array([body_of(i) for i in range(count)], pa.binary())
+    if count and not pc.all(pc.equal(pc.binary_length(bodies), BODY_BYTES)).as_py():
+        raise AssertionError(f"every body must be {BODY_BYTES} bytes")
+    ids = pa.array([f"{prefix}-{i:09d}" for i in range(count)], pa.string())
+    no_headers = pa.MapArray.from_arrays(
+        pa.array([0] * (count + 1), pa.int32()), pa.array([], pa.string()), pa.array([], pa.string())
+    )
+    columns: dict[str, pa.Array] = {
+        "message_id": ids,
+        "message_type": pa.array(["bench.order"] * count, pa.string()),
+        "body": bodies,
+        "encoding": pa.array(["json"] * count, pa.string()),
+        "enqueued_at": pa.array([now] * count, schemas.TS),
+        "headers": no_headers,
+        "abort_count": pa.array([0] * count, pa.int32()),
+        "total_abort_count": pa.array([0] * count, pa.int32()),
+        "move_count": pa.array([0] * count, pa.int32()),
+        "due_at": pa.array([now] * count, schemas.TS),
+        "entered_at": pa.array([now] * count, schemas.TS),
+        "batch_id": pa.array([BATCH_ID] * count, pa.string()),
+    }
+    return pa.Table.from_arrays(
+        [columns.get(f.name, pa.nulls(count, f.type)) for f in schemas.MESSAGE], schema=schemas.MESSAGE
+    )
+
+
+def seed(declaration: Declaration, queue: str, count: int, now: datetime) -> list[str]:
+    """Write the inbound table; return its parquet files, which the plain pass reads too."""
+    tables = QueueTables.of(declaration, queue)
+    tables.ensure()
+    tables.append("inbound", message_table(count, now, queue))
+    return tables.open("inbound").file_uris()
+
+
+def plain_pass(spark: SparkSession, files: list[str], out: str) -> None:
+    """Read, handle, write: the job the cycle is measured against."""
+    # Only the envelope is read: a hand-written job has no counts or errors to carry through.
+    frame = spark.read.parquet(*files).select(*bench_handler.ENVELOPE_COLUMNS)
+    results = frame.mapInArrow(bench_handler.plain_pass, from_arrow_schema(bench_handler.PLAIN_RESULT))
+    results.write.mode("overwrite").parquet(out)
+
+
+def plain_counts(spark: SparkSession, out: str) -> dict[str, int]:
+    """Read back what the plain pass wrote (untimed), to show it did the same work as the cycle."""
+    row = spark.read.parquet(out).agg(
+        F.count(F.lit(1)).alias("messages"),
+        F.sum(F.col("ok").cast("int")).alias("ok"),
+        F.sum("attempts").alias("attempts"),
+    ).first()
+    assert row is not None
+    return {"messages": row["messages"], "ok": row["ok"], "failed": row["messages"] - row["ok"],
+            "attempts": row["attempts"]}
+
+
+def timed(action: Callable[[], Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    result = action()
+    return time.perf_counter() - started, result
+
+
+# --- optional phase timings of run_cycle (--phases) -------------------------------------------------
+
+
+@contextlib.contextmanager
+def phase_clock() -> Iterator[dict[str, float]]:
+    """Time the phases of run_cycle by wrapping what it calls; restores everything afterwards."""
+    spent: dict[str, float] = defaultdict(float)
+    patches: list[tuple[Any, str, Any]] = []
+
+    def wrap(owner: Any, name: str, label: Callable[..., str]) -> None:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def clocked(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label(*args, **kwargs)] += time.perf_counter() - started
+
+        patches.append((owner, name, original))
+        setattr(owner, name, clocked)
+
+    wrap(QueueTables, "stats", lambda *a, **k: "select: delta log stats")
+    wrap(cycle_module, "find_duplicates", lambda *a, **k: "dedup: spark job (groupBy message_id)")
+    wrap(DataFrameWriter, "parquet",
+         lambda *a, **k: "deliver+stage: spark job (read, Processor, write staging)")
+    wrap(cycle_module, "apply_staged", lambda *a, **k: "commit: apply_staged total")
+    wrap(commit_module, "_attempt_rows", lambda *a, **k: "commit: build attempt rows (arrow)")
+    wrap(QueueTables, "append", lambda self, table, *a, **k: f"commit: delta append {table}")
+    wrap(QueueTables, "remove_batches", lambda self, table, *a, **k: f"commit: delta delete {table}")
+    try:
+        yield spent
+    finally:
+        for owner, name, original in reversed(patches):
+            setattr(owner, name, original)
+
+
+def python_per_row(declaration: Declaration, queue: str, now: datetime, rows: int) -> dict[str, float]:
+    """Microseconds per message of the executor-side Python of each pass, measured in-process."""
+    sample = message_table(rows, now, "sample").to_batches(max_chunksize=10_000)
+    queue_decl = declaration.queue(queue)
+    spec = CycleSpec(queue, "inbound", queue_decl.policy, queue_decl.poison_queue, queue_decl.handler,
+                     now, "inbound-1-bench")
+    processor = Processor(spec)
+    spent = {}
+    for name, function in (("processor", processor), ("plain", bench_handler.plain_pass)):
+        seconds, _ = timed(lambda f=function: sum(b.num_rows for b in f(iter(sample))))
+        spent[f"{name}_us_per_msg"] = round(seconds / rows * 1e6, 2)
+    return spent
+
+
+# --- the run ------------------------------------------------------------------------------------------
+
+
+def run(messages: int, master: str, workdir: str, phases: bool) -> dict[str, Any]:
+    lake = os.path.join(workdir, "lake")
+    declaration = parse_declaration(
+        {
+            "lake_root": lake,
+            "queues": {
+                name: {"handler": bench_handler.HANDLER, "policy": POLICY}
+                for name in (bench_handler.QUEUE, "warmup")
+            },
+        }
+    )
+    now = datetime.now(UTC)
+    generation, files = timed(lambda: seed(declaration, bench_handler.QUEUE, messages, now))
+    warm_files = seed(declaration, "warmup", WARMUP_MESSAGES, now)
+    print(f"seeded {messages} messages in {len(files)} file(s) in {generation:.1f}s", file=sys.stderr)
+
+    spark = build_session(SparkSettings(master=master, app_name="cycle_throughput"))
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        # Both passes once on a small queue: starts the Python workers and loads the JVM's parquet,
+        # Arrow and delta-rs code, so neither timed pass is charged with start-up.
+        plain_pass(spark, warm_files, os.path.join(workdir, "plain-warmup"))
+        run_cycle(spark, declaration, "warmup", "inbound", now=now, run_id="warmup")
+
+        plain_seconds, _ = timed(lambda: plain_pass(spark, files, os.path.join(workdir, "plain")))
+        plain = plain_counts(spark, os.path.join(workdir, "plain"))
+        with phase_clock() if phases else contextlib.nullcontext(None) as spent:
+            cycle_seconds, report = timed(
+                lambda: run_cycle(spark, declaration, bench_handler.QUEUE, "inbound", now=now,
+                                  run_id="bench")
+            )
+        assert isinstance(report, CycleReport)
+        if report.skipped:
+            raise RuntimeError(f"the cycle did nothing: {report.skipped}")
+    finally:
+        spark.stop()
+
+    result: dict[str, Any] = {
+        "messages": messages,
+        "body_bytes": BODY_BYTES,
+        "master": master,
+        "cycle_seconds": round(cycle_seconds, 2),
+        "plain_seconds": round(plain_seconds, 2),
+        "cycle_msgs_per_s": round(messages / cycle_seconds),
+        "plain_msgs_per_s": round(messages / plain_seconds),
+        "ratio": round(cycle_seconds / plain_seconds, 2),
+        "target_ratio": TARGET_RATIO,
+        "within_target": cycle_seconds / plain_seconds <= TARGET_RATIO,
+        "cycle_counts": {k: int(v) for k, v in report.counts.items()},
+        "plain_counts": plain,
+        "input_files": len(files),
+    }
+    if phases:
+        assert spent is not None
+        accounted = sum(v for k, v in spent.items() if not k.startswith("commit: ") or "total" in k)
+        result["cycle_phases_s"] = {k: round(v, 2) for k, v in sorted(spent.items())}
+        result["cycle_phases_s"]["other (journal, queue state, ...)"] = round(cycle_seconds - accounted, 2)
+        result["python_per_row"] = python_per_row(declaration, bench_handler.QUEUE, now, 50_000)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--workdir", default=None,
+                        help="where the lake and outputs go (default: a temporary folder, removed after)")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time the phases of the cycle and the per-message Python of each pass")
+    args = parser.parse_args(argv)
+
+    # The JVM and the libraries write to file descriptor 1 too: point it at stderr for the whole run
+    # so stdout carries the JSON line and nothing else.
+    stdout = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="cycle_throughput-")
+    try:
+        result = run(args.messages, args.master, workdir, args.phases)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    stdout.write(json.dumps(result) + "\n")
+    stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

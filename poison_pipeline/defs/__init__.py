@@ -1,0 +1,1 @@
+"""Dagster wiring generated from the declaration: assets, jobs, sensors, resources."""

@@ -1,0 +1,104 @@
+"""Assets of one application queue: each waiting table's materialization is one retry cycle."""
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, MetadataValue, asset
+
+from poison_pipeline.defs.naming import asset_key
+from poison_pipeline.defs.resources import SparkResource
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE
+from poison_pipeline.engine.cycle import CycleReport, run_cycle
+from poison_pipeline.storage.tables import QueueTables
+
+_OUTCOMES = ("processed", "duplicate", "moved", "poisoned", "rejected", "expired", "dropped",
+             "quarantined", "faulted", "messages", "attempts")
+
+_DESCRIPTIONS = {
+    INBOUND: "Messages waiting for their first cycle; materializing runs that cycle on Spark.",
+    POISON: "Messages that exhausted every retry cycle; materializing runs the poison handler.",
+    DEAD_LETTER: "Rejected, expired and undeliverable messages, each with its reason.",
+    QUARANTINE: "Raw body, context and error of every poison message, kept for people.",
+    PROCESSED: "Ledger of every message id that reached a terminal outcome.",
+}
+
+
+def cycle_metadata(report: CycleReport) -> dict[str, Any]:
+    """Numeric metadata, so the UI plots each outcome over time."""
+    counts = report.counts
+    if report.recovered:
+        counts = {k: counts.get(k, 0) + report.recovered.get(k, 0)
+                  for k in set(counts) | set(report.recovered)}
+    metadata: dict[str, Any] = {name: MetadataValue.int(int(counts.get(name, 0))) for name in _OUTCOMES}
+    metadata["duration_s"] = MetadataValue.float(round(report.duration_s, 3))
+    metadata["oldest_age_s"] = MetadataValue.float(round(report.oldest_age_s or 0.0, 3))
+    metadata["cycle_seq"] = MetadataValue.int(report.seq)
+    metadata["recovered_staged_cycle"] = MetadataValue.bool(report.recovered is not None)
+    metadata["skipped"] = MetadataValue.text(report.skipped or "")
+    return metadata
+
+
+def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
+    description = _DESCRIPTIONS.get(
+        table, f"Messages waiting out retry cycle {table.removeprefix('retry_')}'s delay; "
+        "materializing runs that cycle on Spark."
+    )
+
+    @asset(
+        key=asset_key(queue, table),
+        deps=[asset_key(queue, t) for t in upstream],
+        group_name=queue,
+        kinds={"spark", "delta"},
+        description=description,
+        metadata={"table_uri": QueueTables.of(declaration, queue).uri(table)},
+    )
+    def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
+        report = run_cycle(spark.spark_session, declaration, queue, table, run_id=context.run_id)
+        if report.skipped:
+            context.log.warning(f"{queue}/{table}: processed nothing: {report.skipped}")
+        else:
+            context.log.info(f"{queue}/{table}: cycle {report.seq}: {report.counts}")
+        return MaterializeResult(metadata=cycle_metadata(report))
+
+    return cycle
+
+
+def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
+    @asset(
+        key=asset_key(queue, table),
+        deps=[asset_key(queue, t) for t in upstream],
+        group_name=queue,
+        kinds={"delta"},
+        description=_DESCRIPTIONS[table],
+        metadata={"table_uri": QueueTables.of(declaration, queue).uri(table)},
+    )
+    def ledger(context: AssetExecutionContext) -> MaterializeResult:
+        tables = QueueTables.of(declaration, queue)
+        tables.ensure()
+        now = datetime.now(UTC)
+        stats = tables.stats(table, now)
+        age = (now - stats.oldest).total_seconds() if stats.oldest else 0.0
+        return MaterializeResult(metadata={
+            "rows": MetadataValue.int(stats.rows),
+            "oldest_age_s": MetadataValue.float(round(age, 3)),
+            "delta_version": MetadataValue.int(stats.version),
+        })
+
+    return ledger
+
+
+def queue_assets(declaration: Declaration, queue: str) -> list[AssetsDefinition]:
+    """The flow inbound -> retry_1..N -> poison -> quarantine, with dead-letter and the ledger."""
+    waiting = list(QueueTables.of(declaration, queue).waiting)
+    main = waiting[:-1]
+    factories: list[tuple[Callable[..., AssetsDefinition], str, list[str]]] = [
+        (_cycle_asset, INBOUND, []),
+        *((_cycle_asset, t, [main[i]]) for i, t in enumerate(main[1:])),
+        (_cycle_asset, POISON, main),
+        (_ledger_asset, QUARANTINE, waiting),
+        (_ledger_asset, DEAD_LETTER, waiting),
+        (_ledger_asset, PROCESSED, waiting),
+    ]
+    return [factory(declaration, queue, table, upstream) for factory, table, upstream in factories]

@@ -1,0 +1,29 @@
+"""Dagster Definitions generated from a declaration."""
+
+from __future__ import annotations
+
+from dagster import Definitions, in_process_executor
+
+from poison_pipeline.defs.assets import queue_assets
+from poison_pipeline.defs.jobs import cycle_job
+from poison_pipeline.defs.resources import SparkResource
+from poison_pipeline.defs.sensors import waiting_sensor
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.storage.tables import QueueTables
+
+
+def build_definitions(declaration: Declaration) -> Definitions:
+    assets, jobs, sensors = [], [], []
+    for queue in declaration.queues:
+        assets.extend(queue_assets(declaration, queue))
+        for table in QueueTables.of(declaration, queue).waiting:
+            jobs.append(cycle_job(queue, table))
+            sensors.append(waiting_sensor(declaration, queue, table))
+    return Definitions(
+        assets=assets,
+        jobs=jobs,
+        sensors=sensors,
+        resources={"spark": SparkResource.from_settings(declaration.spark)},
+        # Every step of a run shares one process and so one Spark session.
+        executor=in_process_executor,
+    )

@@ -1,0 +1,22 @@
+"""One job per waiting table, run in-process so a run builds a single Spark session."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dagster import define_asset_job, in_process_executor
+
+from poison_pipeline.defs.naming import QUEUE_TAG, asset_key, job_name
+
+if TYPE_CHECKING:
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
+
+def cycle_job(queue: str, table: str) -> UnresolvedAssetJobDefinition:
+    return define_asset_job(
+        name=job_name(queue, table),
+        selection=[asset_key(queue, table)],
+        executor_def=in_process_executor,
+        tags={QUEUE_TAG: queue},
+        description=f"One retry cycle of {queue}/{table}.",
+    )

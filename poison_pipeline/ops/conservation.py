@@ -1,0 +1,50 @@
+"""The conservation line: every message that came in is in exactly one place or terminal ledger."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow.compute as pc
+
+from poison_pipeline.domain.routing import DEAD_LETTER, POISON, PROCESSED, QUARANTINE
+from poison_pipeline.storage.tables import QueueTables
+
+
+@dataclass(frozen=True)
+class Conservation:
+    queue: str
+    waiting: int
+    poison: int
+    dead_letter: int
+    quarantined: int
+    ledger: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def accounted(self) -> int:
+        return self.waiting + self.poison + self.dead_letter + self.quarantined + sum(self.ledger.values())
+
+    def line(self, received: int | None = None) -> str:
+        ledger = " + ".join(f"{self.ledger.get(k, 0)} {k}" for k in ("processed", "dropped", "duplicate"))
+        left = f"in {received}" if received is not None else "accounted"
+        verdict = "" if received is None else ("  OK" if received == self.accounted else "  MISMATCH")
+        return (
+            f"{self.queue}: {left} = {ledger} + {self.waiting} waiting + {self.poison} poison + "
+            f"{self.dead_letter} dead-letter + {self.quarantined} quarantined"
+            f" (= {self.accounted}){verdict}"
+        )
+
+
+def conservation(tables: QueueTables) -> Conservation:
+    """Counts from the Delta logs, plus the ledger's disposition column (one narrow column)."""
+    rows = {table: tables.open(table).count() for table in tables.waiting}
+    dispositions = tables.open(PROCESSED).to_pyarrow_table(columns=["disposition"])["disposition"]
+    counts = pc.value_counts(dispositions).to_pylist()
+    return Conservation(
+        queue=tables.queue,
+        waiting=sum(n for t, n in rows.items() if t != POISON),
+        poison=rows[POISON],
+        dead_letter=tables.open(DEAD_LETTER).count(),
+        quarantined=tables.open(QUARANTINE).count(),
+        ledger=dict(Counter({c["values"]: c["counts"] for c in counts})),
+    )

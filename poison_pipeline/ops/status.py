@@ -1,0 +1,214 @@
+"""`status`: per table of a queue, its counts, oldest age and due messages, and whether it is enabled.
+
+Counts come from the Delta log's file statistics, so status stays fast with millions of rows. The
+breakdowns (dead-letter and quarantine by reason, the ledger by disposition) come from the log too
+wherever a file holds a single value; only files that mix values have that one column read.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
+from poison_pipeline.storage.control import queue_state
+from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
+
+WAITING = "waiting"
+TERMINAL = "terminal"
+LEDGER = "ledger"
+
+# When a row arrived in a terminal table: its age there is what an operator acts on (the stats'
+# `entered_at` of these rows is when the message entered the waiting table it failed in).
+_ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at"}
+_BREAKDOWN = {DEAD_LETTER: "reason", QUARANTINE: "reason", PROCESSED: "disposition"}
+NO_VALUE = "(none)"
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    table: str
+    kind: str
+    exists: bool
+    rows: int = 0
+    version: int | None = None
+    oldest: datetime | None = None
+    oldest_age_s: float | None = None
+    due: int | None = None
+    next_due: datetime | None = None
+    by: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    queue: str
+    checked_at: datetime
+    enabled: bool
+    reason: str | None
+    actor: str | None
+    since: datetime | None
+    tables: tuple[TableStatus, ...]
+
+    def table(self, name: str) -> TableStatus:
+        for status in self.tables:
+            if status.table == name:
+                return status
+        raise KeyError(f"queue {self.queue!r} has no table {name!r}")
+
+
+def queue_status(declaration: Declaration, queue: str, now: datetime) -> QueueStatus:
+    """The status of `queue`; KeyError (naming the declared queues) if it is not declared."""
+    tables = QueueTables.of(declaration, queue)
+    state = queue_state(tables)
+    statuses = [
+        *(_waiting(tables, table, now) for table in tables.waiting),
+        *(_terminal(tables, table, now) for table in (DEAD_LETTER, QUARANTINE, PROCESSED)),
+        _attempts(tables, now),
+    ]
+    return QueueStatus(queue, now, state.enabled, state.reason, state.actor, state.since, tuple(statuses))
+
+
+def _age(now: datetime, oldest: datetime | None) -> float | None:
+    return None if oldest is None else max((now - oldest).total_seconds(), 0.0)
+
+
+def _waiting(tables: QueueTables, table: str, now: datetime) -> TableStatus:
+    if not tables.exists(table):
+        return TableStatus(table, WAITING, exists=False)
+    stats = tables.stats(table, now)
+    return TableStatus(
+        table, WAITING, True, stats.rows, stats.version, stats.oldest, _age(now, stats.oldest),
+        due=stats.due_rows, next_due=stats.next_due,
+    )
+
+
+def _attempts(tables: QueueTables, now: datetime) -> TableStatus:
+    if not tables.exists(ATTEMPTS):
+        return TableStatus(ATTEMPTS, LEDGER, exists=False)
+    stats = tables.stats(ATTEMPTS, now)
+    return TableStatus(ATTEMPTS, LEDGER, True, stats.rows, stats.version, stats.oldest,
+                       _age(now, stats.oldest))
+
+
+def _terminal(tables: QueueTables, table: str, now: datetime) -> TableStatus:
+    kind = LEDGER if table == PROCESSED else TERMINAL
+    if not tables.exists(table):
+        return TableStatus(table, kind, exists=False)
+    target = tables.open(table)
+    actions = pa.table(target.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return TableStatus(table, kind, True, 0, target.version())
+    counts = actions.column("num_records").to_pylist()
+    rows = sum(counts) if None not in counts else target.count()
+    arrival = f"min.{_ARRIVAL[table]}"
+    arrivals = [v for v in actions.column(arrival).to_pylist() if v] if arrival in actions.column_names else []
+    oldest = min(arrivals) if arrivals else None
+    return TableStatus(table, kind, True, rows, target.version(), oldest, _age(now, oldest),
+                       by=_count_by(target, actions, _BREAKDOWN[table]))
+
+
+def _count_by(target: DeltaTable, actions: pa.Table, column: str) -> dict[str, int]:
+    """Rows per value of `column`: from the log where a file's min equals its max and it has no
+    nulls, reading the column only from the other files."""
+    names = set(actions.column_names)
+    if not {f"min.{column}", f"max.{column}", f"null_count.{column}"} <= names:
+        return _read_counts(target, column, None)
+    counts: Counter[str] = Counter()
+    mixed: set[str] = set()
+    for path, rows, low, high, nulls in zip(
+        actions.column("path").to_pylist(),
+        actions.column("num_records").to_pylist(),
+        actions.column(f"min.{column}").to_pylist(),
+        actions.column(f"max.{column}").to_pylist(),
+        actions.column(f"null_count.{column}").to_pylist(),
+        strict=True,
+    ):
+        # Truncated string statistics make min and max differ, so they land in `mixed`: safe.
+        if rows is None or low is None or low != high or nulls != 0:
+            mixed.add(path)
+        else:
+            counts[low] += rows
+    if mixed:
+        read = _read_counts(target, column, mixed)
+        if read is None:  # a file the dataset does not name as the log does: count it all
+            return dict(sorted(_read_counts(target, column, None).items()))
+        counts.update(read)
+    return dict(sorted(counts.items()))
+
+
+def _read_counts(target: DeltaTable, column: str, paths: set[str] | None) -> dict[str, int] | None:
+    dataset = target.to_pyarrow_dataset()
+    fragments = list(dataset.get_fragments())
+    if paths is not None:
+        fragments = [f for f in fragments if f.path in paths]
+        if len(fragments) != len(paths):
+            return None
+    counts: Counter[str] = Counter()
+    for fragment in fragments:
+        values = fragment.to_table(columns=[column], schema=dataset.schema).column(column)
+        for item in pc.value_counts(values).to_pylist():
+            counts[item["values"] if item["values"] is not None else NO_VALUE] += item["counts"]
+    return dict(counts)
+
+
+def format_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if whole >= size:
+            rest = (whole % size) // sub_size
+            return f"{whole // size}{unit}" + (f" {rest}{sub}" if rest else "")
+    return f"{whole}s"
+
+
+def format_time(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _state_line(status: QueueStatus) -> str:
+    if status.enabled:
+        head = f"{status.queue}: ENABLED"
+        if status.since is not None:
+            head += f" (since {format_time(status.since)} by {status.actor}: {status.reason})"
+        return head
+    return (
+        f"{status.queue}: DISABLED since {format_time(status.since)} by {status.actor}: {status.reason}"
+        f"  (re-enable with `poison-pipeline enable {status.queue}`)"
+    )
+
+
+def format_status(statuses: Sequence[QueueStatus]) -> str:
+    """A table per queue, for people; `--json` gives the same data for programs."""
+    header = ("table", "rows", "oldest", "due", "next due", "by reason / disposition")
+    blocks = []
+    for status in statuses:
+        lines = [
+            (
+                t.table,
+                str(t.rows) if t.exists else "-",
+                format_age(t.oldest_age_s) if t.exists else "(not created yet)",
+                "" if t.due is None else str(t.due),
+                "" if t.next_due is None else format_time(t.next_due),
+                " ".join(f"{k}={v}" for k, v in t.by.items()),
+            )
+            for t in status.tables
+        ]
+        widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
+        right = {1, 3}
+
+        def cells(row: tuple[str, ...], widths: list[int] = widths) -> str:
+            return "  ".join(
+                cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+            ).rstrip()
+
+        blocks.append("\n".join([_state_line(status), "  " + cells(header),
+                                 *("  " + cells(row) for row in lines)]))
+    return "\n\n".join(blocks)

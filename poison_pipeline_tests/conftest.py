@@ -1,0 +1,35 @@
+"""One local SparkSession for the whole run and a fresh lake root per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration
+from poison_pipeline.engine.session import build_session
+
+SPARK = SparkSettings(master="local[2]", config={"spark.sql.shuffle.partitions": "2"})
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = build_session(SPARK)
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def make_declaration(tmp_path: Path):
+    """Build a declaration whose lake root is this test's own folder."""
+
+    def build(queues: dict[str, Any]) -> Declaration:
+        return parse_declaration(
+            {"lake_root": str(tmp_path / "lake"), "spark": SPARK.model_dump(), "queues": queues}
+        )
+
+    return build

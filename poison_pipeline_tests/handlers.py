@@ -1,0 +1,34 @@
+"""Handlers the tests declare; the body says how the message should behave."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from poison_pipeline.domain.envelope import Message
+
+
+class Unfixable(Exception):  # noqa: N818
+    code = "UNFIXABLE"
+
+
+def scripted(message: Message) -> None:
+    """Body keys: `fail` (always raise), `fail_until_attempt` N, `fail_until_cycle` N,
+    `unfixable`, `sleep` seconds, `exit` (kill the worker)."""
+    body = message.json()
+    if body.get("sleep"):
+        time.sleep(body["sleep"])
+    if body.get("exit"):
+        os._exit(3)
+    if body.get("unfixable"):
+        raise Unfixable("cannot ever work")
+    if body.get("fail"):
+        raise ValueError(f"message {message.message_id} always fails")
+    if message.attempt < body.get("fail_until_attempt", 0):
+        raise RuntimeError("deadlock victim")
+    if message.cycle < body.get("fail_until_cycle", 0):
+        raise LookupError("profile does not exist yet")
+
+
+def always_fails(message: Message) -> None:
+    raise ValueError("poison handler cannot store it either")
