@@ -18,7 +18,6 @@ from poison_pipeline.ops.conservation import conservation
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 
-
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 

@@ -1,0 +1,33 @@
+# Every target bootstraps .venv from pyproject.toml first, so a fresh clone needs only `make`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test ui bench lint java clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=/path/to/python3.11)")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+java:
+	@bash tools/check_java.sh
+
+demo: java $(STAMP)
+	$(BIN)/python -m poison_pipeline.demo
+
+test: java $(STAMP)
+	$(BIN)/ruff check poison_pipeline poison_pipeline_tests benchmarks
+	$(BIN)/pytest -q
+
+ui: java $(STAMP)
+	DAGSTER_HOME=$(CURDIR) $(BIN)/dagster dev -w workspace.yaml
+
+bench: java $(STAMP)
+	$(BIN)/python benchmarks/cycle_throughput.py
+
+clean:
+	rm -rf $(VENV) lake demo_lake .dagster_home *.egg-info
