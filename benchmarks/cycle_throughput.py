@@ -108,11 +108,19 @@ def message_table(count: int, now: datetime, prefix: str) -> pa.Table:
     )
 
 
-def seed(declaration: Declaration, queue: str, count: int, now: datetime) -> list[str]:
-    """Write the inbound table; return its parquet files, which the plain pass reads too."""
+def seed(declaration: Declaration, queue: str, count: int, now: datetime, appends: int = 1) -> list[str]:
+    """Write the inbound table in `appends` commits of one batch; return its parquet files, which the
+    plain pass reads too.
+
+    delta-rs writes an append of up to a million rows as one file with one row group, and Spark
+    cannot split a row group: one append means one task, so one core, for both passes.
+    """
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
-    tables.append("inbound", message_table(count, now, queue))
+    messages = message_table(count, now, queue)
+    size = -(-count // appends)
+    for start in range(0, count, size):
+        tables.append("inbound", messages.slice(start, size))
     return tables.open("inbound").file_uris()
 
 
@@ -197,7 +205,7 @@ def python_per_row(declaration: Declaration, queue: str, now: datetime, rows: in
 # --- the run ------------------------------------------------------------------------------------------
 
 
-def run(messages: int, master: str, workdir: str, phases: bool) -> dict[str, Any]:
+def run(messages: int, master: str, workdir: str, appends: int, phases: bool) -> dict[str, Any]:
     lake = os.path.join(workdir, "lake")
     declaration = parse_declaration(
         {
@@ -209,12 +217,16 @@ def run(messages: int, master: str, workdir: str, phases: bool) -> dict[str, Any
         }
     )
     now = datetime.now(UTC)
-    generation, files = timed(lambda: seed(declaration, bench_handler.QUEUE, messages, now))
+    generation, files = timed(lambda: seed(declaration, bench_handler.QUEUE, messages, now, appends))
     warm_files = seed(declaration, "warmup", WARMUP_MESSAGES, now)
     print(f"seeded {messages} messages in {len(files)} file(s) in {generation:.1f}s", file=sys.stderr)
 
-    spark = build_session(SparkSettings(master=master, app_name="cycle_throughput"))
+    # The console progress bar would interleave with the log on stderr; it measures nothing.
+    settings = SparkSettings(master=master, app_name="cycle_throughput",
+                             config={"spark.ui.showConsoleProgress": "false"})
+    spark = build_session(settings)
     spark.sparkContext.setLogLevel("ERROR")
+    cores = spark.sparkContext.defaultParallelism
     try:
         # Both passes once on a small queue: starts the Python workers and loads the JVM's parquet,
         # Arrow and delta-rs code, so neither timed pass is charged with start-up.
@@ -247,7 +259,9 @@ def run(messages: int, master: str, workdir: str, phases: bool) -> dict[str, Any
         "within_target": cycle_seconds / plain_seconds <= TARGET_RATIO,
         "cycle_counts": {k: int(v) for k, v in report.counts.items()},
         "plain_counts": plain,
+        "appends": appends,
         "input_files": len(files),
+        "spark_cores": cores,
     }
     if phases:
         assert spent is not None
@@ -262,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--appends", type=int, default=1,
+                        help="write the inbound batch in this many commits (files), so Spark can "
+                        "spread it over that many tasks (default 1: one file, one task)")
     parser.add_argument("--workdir", default=None,
                         help="where the lake and outputs go (default: a temporary folder, removed after)")
     parser.add_argument("--phases", action="store_true",
@@ -274,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     workdir = args.workdir or tempfile.mkdtemp(prefix="cycle_throughput-")
     try:
-        result = run(args.messages, args.master, workdir, args.phases)
+        result = run(args.messages, args.master, workdir, args.appends, args.phases)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

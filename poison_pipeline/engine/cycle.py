@@ -87,7 +87,7 @@ def run_cycle(
     write_entry(_journal(tables, table), entry)
     batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
     window_start = (now - queue_decl.policy.dedup_window).date().isoformat()
-    ledger = tables.open(PROCESSED).file_uris(partition_filters=[("date", ">=", window_start)])
+    ledger = tables.open(PROCESSED).file_uris(file_pruning_predicate=[("date", ">=", window_start)])
     duplicates = find_duplicates(spark, batch, ledger)
     spec = CycleSpec(
         queue=queue,

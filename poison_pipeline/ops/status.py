@@ -108,7 +108,9 @@ def _terminal(tables: QueueTables, table: str, now: datetime) -> TableStatus:
     counts = actions.column("num_records").to_pylist()
     rows = sum(counts) if None not in counts else target.count()
     arrival = f"min.{_ARRIVAL[table]}"
-    arrivals = [v for v in actions.column(arrival).to_pylist() if v] if arrival in actions.column_names else []
+    arrivals = []
+    if arrival in actions.column_names:
+        arrivals = [v for v in actions.column(arrival).to_pylist() if v is not None]
     oldest = min(arrivals) if arrivals else None
     return TableStatus(table, kind, True, rows, target.version(), oldest, _age(now, oldest),
                        by=_count_by(target, actions, _BREAKDOWN[table]))
@@ -185,30 +187,35 @@ def _state_line(status: QueueStatus) -> str:
     )
 
 
+_HEADER = ("table", "rows", "oldest", "due", "next due", "by reason / disposition")
+_RIGHT_ALIGNED = {1, 3}
+
+
+def _aligned(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.rjust(width) if i in _RIGHT_ALIGNED else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def _row(t: TableStatus) -> tuple[str, ...]:
+    return (
+        t.table,
+        str(t.rows) if t.exists else "-",
+        format_age(t.oldest_age_s) if t.exists else "(not created yet)",
+        "" if t.due is None else str(t.due),
+        "" if t.next_due is None else format_time(t.next_due),
+        " ".join(f"{k}={v}" for k, v in t.by.items()),
+    )
+
+
 def format_status(statuses: Sequence[QueueStatus]) -> str:
     """A table per queue, for people; `--json` gives the same data for programs."""
-    header = ("table", "rows", "oldest", "due", "next due", "by reason / disposition")
-    blocks = []
-    for status in statuses:
-        lines = [
-            (
-                t.table,
-                str(t.rows) if t.exists else "-",
-                format_age(t.oldest_age_s) if t.exists else "(not created yet)",
-                "" if t.due is None else str(t.due),
-                "" if t.next_due is None else format_time(t.next_due),
-                " ".join(f"{k}={v}" for k, v in t.by.items()),
-            )
-            for t in status.tables
-        ]
-        widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
-        right = {1, 3}
-
-        def cells(row: tuple[str, ...], widths: list[int] = widths) -> str:
-            return "  ".join(
-                cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
-            ).rstrip()
-
-        blocks.append("\n".join([_state_line(status), "  " + cells(header),
-                                 *("  " + cells(row) for row in lines)]))
-    return "\n\n".join(blocks)
+    return "\n\n".join(
+        "\n".join([_state_line(s), *("  " + line for line in _aligned([_HEADER, *map(_row, s.tables)]))])
+        for s in statuses
+    )

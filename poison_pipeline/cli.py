@@ -1,0 +1,293 @@
+"""The `poison-pipeline` command line for operators (SPEC section 8).
+
+Exit codes: 0 success; 1 the command ran but not everything went through (lines refused, message not
+found, storage failure); 2 usage or configuration errors. A user mistake is one line on stderr,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import getpass
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from deltalake.exceptions import DeltaError
+
+from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, DeclarationError, load_declaration
+from poison_pipeline.ops.inspect import format_inspection, inspect_message
+from poison_pipeline.ops.status import format_status, format_time, queue_status
+from poison_pipeline.storage.control import queue_state, set_enabled
+from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.tables import QueueTables
+
+PROG = "poison-pipeline"
+EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for: one line on stderr, exit code 2."""
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def _declaration(args: argparse.Namespace) -> Declaration:
+    return load_declaration(args.config)
+
+
+def _check_queue(declaration: Declaration, queue: str) -> None:
+    if queue not in declaration.queues:
+        raise UsageError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, default=_json_value, indent=2, ensure_ascii=False))
+
+
+# ---------------------------------------------------------------------------------------- enqueue
+
+
+@dataclass(frozen=True)
+class _Line:
+    number: int
+    raw: bytes
+
+
+def _read_lines(path: Path) -> list[_Line]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory, not a JSON Lines file") from None
+    except PermissionError:
+        raise UsageError(f"{path}: permission denied") from None
+    # Split on "\n" only, so line numbers match what an editor shows.
+    return [_Line(n, raw) for n, raw in enumerate(data.split(b"\n"), start=1) if raw.strip()]
+
+
+def refused_path(path: Path) -> Path:
+    """`orders.jsonl` -> `orders.refused.jsonl`, beside the input; never the input itself."""
+    stem = path.name.removesuffix(".jsonl")
+    return path.with_name(f"{stem}.refused.jsonl")
+
+
+def _enqueue(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    _check_queue(declaration, args.queue)
+    path = Path(args.file)
+    lines = _read_lines(path)
+    refused: list[tuple[_Line, object, str]] = []
+    texts: list[str] = []
+    origins: list[_Line] = []
+    for line in lines:
+        try:
+            texts.append(line.raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            # Decoded leniently, such a line would reach the table with mangled text: refuse it.
+            refused.append((line, None, f"not valid UTF-8 at byte {error.start} (send binary bodies "
+                                        "base64-encoded in body_base64 with encoding 'binary')"))
+            continue
+        origins.append(line)
+    result = enqueue(declaration, args.queue, texts)
+    refused.extend((origins[r.line - 1], r.message_id, r.error) for r in result.refused)
+    refused.sort(key=lambda item: item[0].number)
+    batch = f" (batch {result.batch_id})" if result.batch_id else ""
+    print(f"enqueued {result.accepted} of {len(lines)} messages into queue {args.queue!r}{batch}")
+    if not refused:
+        return EXIT_OK
+    for line, message_id, error in refused:
+        who = f"message_id {message_id!r}: " if message_id is not None else ""
+        print(f"{path}: line {line.number}: {who}{error}", file=sys.stderr)
+    target = refused_path(path)
+    try:
+        target.write_bytes(b"".join(line.raw.rstrip(b"\r") + b"\n" for line, _, _ in refused))
+    except OSError as error:
+        print(f"{PROG} enqueue: error: could not write the refused lines to {target}: {error.strerror}; "
+              f"they are still in {path}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    print(f"refused {len(refused)}; the refused lines are in {target}")
+    return EXIT_INCOMPLETE
+
+
+# ------------------------------------------------------------------------------ status and inspect
+
+
+def _status(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    queues = list(declaration.queues)
+    if args.queue is not None:
+        _check_queue(declaration, args.queue)
+        queues = [args.queue]
+    now = datetime.now(UTC)
+    statuses = [queue_status(declaration, queue, now) for queue in queues]
+    if args.json:
+        _print_json({"checked_at": now, "queues": [asdict(s) for s in statuses]})
+    else:
+        print(format_status(statuses))
+    return EXIT_OK
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    found = inspect_message(declaration, args.message_id)
+    if found is None:
+        print(f"{PROG} inspect: message {args.message_id!r} is in no table of queues "
+              f"{', '.join(declaration.queues)}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    if args.json:
+        _print_json(asdict(found))
+    else:
+        print(format_inspection(found, datetime.now(UTC), stacks=args.stack))
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------- enable
+
+
+def _default_actor() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name in some containers
+        return "unknown"
+
+
+def _enable(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    _check_queue(declaration, args.queue)
+    tables = QueueTables.of(declaration, args.queue)
+    before = queue_state(tables)
+    if not set_enabled(tables, True, args.actor, args.reason):
+        print(f"queue {args.queue!r} is already enabled; nothing recorded")
+        return EXIT_OK
+    print(f"queue {args.queue!r} enabled by {args.actor}: {args.reason}")
+    print(f"  it was disabled since {format_time(before.since)} by {before.actor}: {before.reason}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------- parser
+
+
+_EXIT_CODES = """exit codes:
+  0  success
+  1  the command ran but not everything went through (refused lines, message not found,
+     storage failure)
+  2  usage or configuration error (unknown queue, missing file, invalid declaration)"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    config_help = (
+        f"declaration file (YAML); default: ${CONFIG_ENV} if set, else ./poison_pipeline.yaml"
+    )
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Operate poison_pipeline queues: enqueue messages, see their status, inspect a "
+                    "message, re-enable a disabled queue.",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", metavar="FILE", default=None, help=config_help)
+    # Also accepted after the command (`poison-pipeline status --config x.yaml`); SUPPRESS keeps
+    # the subcommand from overwriting a --config given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help=config_help)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, summary: str, description: str,
+                run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=summary, description=description, epilog=_EXIT_CODES,
+                                  parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.set_defaults(run=run)
+        return sub
+
+    sub = command(
+        "enqueue", "validate a JSON Lines file and enqueue its valid messages",
+        "Validate every line of FILE (one envelope per line: message_id, message_type, body or\n"
+        "body_base64, encoding, conversation_id, sequence_number, enqueued_at, expires_at,\n"
+        "sender, headers) and append the valid ones to the queue's inbound table in one commit.\n"
+        "Each refused line is reported with its line number, message id and reason, and copied\n"
+        "to FILE.refused.jsonl beside the input (the .jsonl suffix replaced), so nothing is lost.",
+        _enqueue,
+    )
+    sub.add_argument("file", metavar="FILE.jsonl",
+                     help="JSON Lines file of envelopes; blank lines are skipped")
+    sub.add_argument("--queue", "-q", required=True, metavar="QUEUE",
+                     help="application queue to enqueue into (required)")
+
+    sub = command(
+        "status", "counts, oldest age and due messages per queue and table; enabled or disabled",
+        "For each queue: ENABLED or DISABLED (with reason, who and since when), then per table\n"
+        "(inbound, retry_k, poison, dead_letter, quarantine, processed, attempts) its rows, the\n"
+        "age of its oldest row and, for waiting tables, how many are due and when the next is.\n"
+        "Reads the Delta logs only (plus one narrow column where a file mixes reasons or\n"
+        "dispositions); changes nothing.",
+        _status,
+    )
+    sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only this queue (default: all)")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    sub = command(
+        "inspect", "show one message: where it is, counts, body and every attempt",
+        "Find MESSAGE_ID in every queue's waiting tables, dead-letter, quarantine and processed\n"
+        "ledger; show where it is, its abort/total abort/move counts, due time, last error, its\n"
+        "body rendered by encoding (json pretty-printed, xml and text as text, binary or\n"
+        "undecodable bodies as hex; never evaluated) and its whole attempt history. Changes\n"
+        "nothing. With --json the raw body is included base64-encoded as raw_body.",
+        _inspect,
+    )
+    sub.add_argument("message_id", metavar="MESSAGE_ID", help="the message's message_id")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of text")
+    sub.add_argument("--stack", action="store_true", help="also print the stack trace of every error")
+
+    sub = command(
+        "enable", "re-enable a disabled queue (recorded with who, when and why)",
+        "Re-enable QUEUE after it was disabled (a faulted message or an outage). The change is\n"
+        "recorded in the queue's events table with the actor, the time and the reason. Running\n"
+        "it on an enabled queue records nothing and succeeds.",
+        _enable,
+    )
+    sub.add_argument("queue", metavar="QUEUE", help="the application queue to enable")
+    sub.add_argument("--reason", metavar="TEXT", default="re-enabled from the command line",
+                     help="why it is being enabled (recorded); default: %(default)r")
+    sub.add_argument("--actor", metavar="NAME", default=_default_actor(),
+                     help="who is enabling it (recorded); default: your login name")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse exits after --help (0) and on usage errors (2)
+        return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    try:
+        code: int = args.run(args)
+        return code
+    except UsageError as error:
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except DeclarationError as error:
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except (DeltaError, OSError) as error:
+        # The lake itself failed (unreachable store, permissions, a damaged log): say which.
+        print(f"{PROG} {args.command}: error: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

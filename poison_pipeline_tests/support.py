@@ -1,0 +1,48 @@
+"""Helpers the tests share: enqueue scripted messages, and find every place a message is."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.routing import PROCESSED
+from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
+
+HANDLER = "poison_pipeline_tests.handlers:scripted"
+
+
+def queue(**policy: Any) -> dict[str, Any]:
+    base = {"receive_retry_count": 1, "max_retry_cycles": 1, "retry_cycle_delay": 0}
+    return {"q": {"handler": HANDLER, "policy": {**base, **policy}}}
+
+
+def send(declaration: Declaration, bodies: dict[str, dict[str, Any]], **extra: Any) -> None:
+    records = [{"message_id": mid, "message_type": "test", "body": body, **extra}
+               for mid, body in bodies.items()]
+    result = enqueue(declaration, "q", records)
+    assert not result.refused, result.refused
+
+
+def rows(declaration: Declaration, table: str, name: str = "q") -> list[dict[str, Any]]:
+    return QueueTables.of(declaration, name).open(table).to_pyarrow_table().to_pylist()
+
+
+def places(declaration: Declaration, name: str = "q") -> dict[str, list[str]]:
+    """message id -> every table (or ledger disposition) it is found in."""
+    tables = QueueTables.of(declaration, name)
+    found: dict[str, list[str]] = defaultdict(list)
+    for table in (*tables.waiting, "dead_letter", "quarantine"):
+        for row in rows(declaration, table, name):
+            found[row["message_id"]].append(table)
+    for row in rows(declaration, PROCESSED, name):
+        found[row["message_id"]].append(f"processed:{row['disposition']}")
+    return dict(found)
+
+
+def attempts_of(declaration: Declaration, message_id: str, name: str = "q") -> list[dict[str, Any]]:
+    return sorted(
+        (r for r in rows(declaration, ATTEMPTS, name) if r["message_id"] == message_id),
+        key=lambda r: (r["cycle"], r["attempt"]),
+    )

@@ -1,0 +1,193 @@
+"""The retry cycle on real Spark and Delta: routing, counts, dispositions (SPEC sections 5, 6)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.storage.control import queue_state
+from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.support import attempts_of, places, queue, rows, send
+
+
+def drain(spark, declaration, name: str = "q") -> None:
+    """Run every waiting table's cycle in flow order until nothing is due."""
+    for table in QueueTables.of(declaration, name).waiting:
+        run_cycle(spark, declaration, name, table)
+
+
+def test_success_failure_and_transient_are_routed(spark, make_declaration):
+    declaration = make_declaration(queue(receive_retry_count=2, max_retry_cycles=0,
+                                         receive_error_handling="move"))
+    send(declaration, {"ok": {}, "bad": {"fail": True}, "deadlock": {"fail_until_attempt": 2}})
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.counts["processed"] == 2 and report.counts["poisoned"] == 1
+    assert places(declaration) == {
+        "ok": ["processed:processed"], "deadlock": ["processed:processed"], "bad": ["poison"]}
+    assert [a["outcome"] for a in attempts_of(declaration, "deadlock")] == ["abort", "success"]
+
+
+def test_attempt_bound_and_counts_follow_wcf(spark, make_declaration):
+    declaration = make_declaration(queue(receive_retry_count=2, max_retry_cycles=2,
+                                         receive_error_handling="move"))
+    send(declaration, {"bad": {"fail": True}})
+    run_cycle(spark, declaration, "q", "inbound")
+    [waiting] = rows(declaration, "retry_1")
+    assert (waiting["abort_count"], waiting["total_abort_count"], waiting["move_count"]) == (0, 3, 1)
+    run_cycle(spark, declaration, "q", "retry_1")
+    [waiting] = rows(declaration, "retry_2")
+    assert (waiting["total_abort_count"], waiting["move_count"]) == (6, 2)
+    run_cycle(spark, declaration, "q", "retry_2")
+    [poisoned] = rows(declaration, "poison")
+    attempts = attempts_of(declaration, "bad")
+    assert len(attempts) == (2 + 1) * (2 + 1) == poisoned["total_abort_count"]
+    assert [(a["cycle"], a["attempt"]) for a in attempts] == [(c, n) for c in range(3) for n in (1, 2, 3)]
+    assert poisoned["move_count"] == 3 and poisoned["last_error_type"] == "ValueError"
+
+
+def test_message_that_succeeds_on_a_later_cycle_is_processed(spark, make_declaration):
+    declaration = make_declaration(queue(max_retry_cycles=2, receive_error_handling="move"))
+    send(declaration, {"late": {"fail_until_cycle": 1}})
+    drain(spark, declaration)
+    assert places(declaration) == {"late": ["processed:processed"]}
+    assert len(attempts_of(declaration, "late")) == 3
+
+
+def test_drop_discards_and_records_the_drop(spark, make_declaration):
+    declaration = make_declaration(queue(max_retry_cycles=0, receive_error_handling="drop"))
+    send(declaration, {"bad": {"fail": True}})
+    run_cycle(spark, declaration, "q", "inbound")
+    assert places(declaration) == {"bad": ["processed:dropped"]}
+
+
+def test_reject_dead_letters_and_notifies_the_sender(spark, make_declaration):
+    declaration = make_declaration(queue(max_retry_cycles=0, receive_error_handling="reject"))
+    send(declaration, {"bad": {"fail": True}}, sender="storefront-1")
+    run_cycle(spark, declaration, "q", "inbound")
+    [dead] = rows(declaration, "dead_letter")
+    assert (dead["message_id"], dead["reason"]) == ("bad", "rejected")
+    [nack] = rows(declaration, "notifications")
+    assert (nack["recipient"], nack["kind"], nack["message_id"]) == (
+        "storefront-1", "negative_acknowledgement", "bad")
+
+
+def test_fault_keeps_the_message_disables_the_queue_and_writes_an_event(spark, make_declaration):
+    declaration = make_declaration(queue(max_retry_cycles=0, receive_error_handling="fault"))
+    send(declaration, {"bad": {"fail": True}, "ok": {}})
+    run_cycle(spark, declaration, "q", "inbound")
+    assert places(declaration) == {"bad": ["inbound"], "ok": ["processed:processed"]}
+    tables = QueueTables.of(declaration, "q")
+    state = queue_state(tables)
+    assert not state.enabled and "bad" in state.reason
+    [event] = rows(declaration, "events")
+    assert event["kind"] == "queue_disabled" and event["message_id"] == "bad"
+    send(declaration, {"later": {}})
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.skipped and "disabled" in report.skipped
+    assert "later" in places(declaration) and places(declaration)["later"] == ["inbound"]
+
+
+def test_poison_queue_default_handler_quarantines_with_error(spark, make_declaration):
+    declaration = make_declaration(queue(max_retry_cycles=0, receive_error_handling="move"))
+    send(declaration, {"bad": {"fail": True}})
+    drain(spark, declaration)
+    [kept] = rows(declaration, "quarantine")
+    assert kept["body"] == b'{"fail":true}' and kept["last_error_type"] == "ValueError"
+    assert kept["last_error_stack"] and kept["from_table"] == "poison"
+
+
+def test_poison_queue_handler_with_its_own_retries_and_reject(spark, make_declaration):
+    spec = queue(max_retry_cycles=0, receive_error_handling="move")
+    spec["q"]["poison_queue"] = {"handler": "poison_pipeline_tests.handlers:always_fails",
+                                 "receive_retry_count": 2, "receive_error_handling": "reject"}
+    declaration = make_declaration(spec)
+    send(declaration, {"bad": {"fail": True}})
+    drain(spark, declaration)
+    assert places(declaration) == {"bad": ["dead_letter"]}
+    poison_attempts = [a for a in attempts_of(declaration, "bad") if a["table"] == "poison"]
+    assert len(poison_attempts) == 3
+
+
+def test_expired_message_is_never_delivered(spark, make_declaration):
+    declaration = make_declaration(queue())
+    past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
+    send(declaration, {"old": {}}, expires_at=past)
+    run_cycle(spark, declaration, "q", "inbound")
+    [dead] = rows(declaration, "dead_letter")
+    assert dead["reason"] == "expired"
+    assert attempts_of(declaration, "old") == []
+
+
+def test_drop_of_an_expired_message_goes_to_dead_letter(spark, make_declaration):
+    declaration = make_declaration(queue(max_retry_cycles=1, receive_error_handling="drop"))
+    soon = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+    send(declaration, {"bad": {"fail": True}}, expires_at=soon)
+    run_cycle(spark, declaration, "q", "inbound")
+    run_cycle(spark, declaration, "q", "retry_1", now=datetime.now(UTC) + timedelta(seconds=5))
+    assert places(declaration) == {"bad": ["dead_letter"]}
+    assert rows(declaration, "dead_letter")[0]["reason"] == "expired"
+
+
+def test_duplicates_are_never_delivered_twice(spark, make_declaration):
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    run_cycle(spark, declaration, "q", "inbound")
+    send(declaration, {"a": {}, "b": {}})  # a redelivered copy of a processed message
+    send(declaration, {"b": {}})  # the same new message enqueued twice
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.counts["duplicate"] == 2 and report.counts["processed"] == 1
+    assert len(attempts_of(declaration, "a")) == 1 and len(attempts_of(declaration, "b")) == 1
+    assert sorted(places(declaration)["b"]) == ["processed:duplicate", "processed:processed"]
+
+
+def test_handler_timeout_aborts_the_attempt(spark, make_declaration):
+    declaration = make_declaration(queue(receive_retry_count=0, max_retry_cycles=0,
+                                         receive_error_handling="move", handler_timeout="300ms"))
+    send(declaration, {"slow": {"sleep": 5}, "quick": {}})
+    run_cycle(spark, declaration, "q", "inbound")
+    [attempt] = attempts_of(declaration, "slow")
+    assert attempt["outcome"] == "timeout" and attempt["error_type"].endswith("HandlerTimeout")
+    assert attempt["duration_ms"] < 3000
+    assert places(declaration)["quick"] == ["processed:processed"]
+
+
+@pytest.mark.parametrize(("route", "expected"), [("final_disposition", "poison"),
+                                                 ("quarantine", "quarantine")])
+def test_unrecoverable_errors_skip_retries(spark, make_declaration, route, expected):
+    declaration = make_declaration(queue(
+        receive_retry_count=5, max_retry_cycles=2, receive_error_handling="move",
+        unrecoverable={"exceptions": ["poison_pipeline_tests.handlers:Unfixable"], "route": route}))
+    send(declaration, {"never": {"unfixable": True}})
+    run_cycle(spark, declaration, "q", "inbound")
+    assert places(declaration) == {"never": [expected]}
+    assert len(attempts_of(declaration, "never")) == 1
+
+
+def test_unrecoverable_by_error_code(spark, make_declaration):
+    declaration = make_declaration(queue(receive_retry_count=5, max_retry_cycles=2,
+                                         receive_error_handling="reject",
+                                         unrecoverable={"codes": ["UNFIXABLE"]}))
+    send(declaration, {"never": {"unfixable": True}})
+    run_cycle(spark, declaration, "q", "inbound")
+    assert places(declaration) == {"never": ["dead_letter"]}
+
+
+def test_retry_subqueue_waits_for_the_delay(spark, make_declaration):
+    declaration = make_declaration(queue(retry_cycle_delay="1h", receive_error_handling="move"))
+    send(declaration, {"bad": {"fail": True}})
+    run_cycle(spark, declaration, "q", "inbound")
+    early = run_cycle(spark, declaration, "q", "retry_1")
+    assert early.skipped == "no message is due" and places(declaration) == {"bad": ["retry_1"]}
+    later = run_cycle(spark, declaration, "q", "retry_1", now=datetime.now(UTC) + timedelta(hours=2))
+    assert later.counts["poisoned"] == 1
+
+
+def test_one_failing_message_never_affects_its_batch_mates(spark, make_declaration):
+    declaration = make_declaration(queue(receive_retry_count=0, max_retry_cycles=0,
+                                         receive_error_handling="move"))
+    bodies = {f"m{i}": ({"fail": True} if i % 50 == 0 else {}) for i in range(400)}
+    send(declaration, bodies)
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.counts == {"processed": 392, "poisoned": 8, "messages": 400, "attempts": 400}
