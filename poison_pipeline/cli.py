@@ -11,6 +11,7 @@ import argparse
 import base64
 import getpass
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -20,6 +21,8 @@ from pathlib import Path
 from deltalake.exceptions import DeltaError
 
 from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, DeclarationError, load_declaration
+from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
+from poison_pipeline.domain.policy import Policy
 from poison_pipeline.ops.inspect import format_inspection, inspect_message
 from poison_pipeline.ops.status import format_status, format_time, queue_status
 from poison_pipeline.storage.control import queue_state, set_enabled
@@ -86,24 +89,56 @@ def refused_path(path: Path) -> Path:
     return path.with_name(f"{stem}.refused.jsonl")
 
 
+def _screen(raw: bytes, policy: Policy, now: datetime) -> tuple[str | None, object, str | None]:
+    """The line as text, or why it cannot even be handed to `enqueue`.
+
+    `enqueue` reports envelope errors itself; this catches what would make it fail for the whole
+    file instead (bytes that are not UTF-8, escaped lone surrogates, dates out of range, nesting
+    too deep), so one bad line never blocks the good ones.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return None, None, (f"not valid UTF-8 at byte {error.start} (send binary bodies base64-encoded "
+                            "in body_base64 with encoding 'binary')")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        return text, None, None  # enqueue refuses it with its own message
+    except (ValueError, RecursionError) as error:
+        return None, None, f"not valid JSON ({type(error).__name__}: {error})"
+    message_id = record.get("message_id") if isinstance(record, dict) else None
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError, ValueError) as error:
+        return None, message_id, f"cannot be stored as UTF-8 text ({type(error).__name__}: {error})"
+    try:
+        parse_envelope(record, now, policy.time_to_live, policy.max_body_bytes)
+    except EnvelopeError:
+        return text, message_id, None
+    except (ArithmeticError, ValueError, TypeError, RecursionError) as error:
+        return None, message_id, f"cannot be enqueued ({type(error).__name__}: {error})"
+    return text, message_id, None
+
+
 def _enqueue(args: argparse.Namespace) -> int:
     declaration = _declaration(args)
     _check_queue(declaration, args.queue)
     path = Path(args.file)
     lines = _read_lines(path)
+    now = datetime.now(UTC)
+    policy = declaration.queue(args.queue).policy
     refused: list[tuple[_Line, object, str]] = []
     texts: list[str] = []
     origins: list[_Line] = []
     for line in lines:
-        try:
-            texts.append(line.raw.decode("utf-8"))
-        except UnicodeDecodeError as error:
-            # Decoded leniently, such a line would reach the table with mangled text: refuse it.
-            refused.append((line, None, f"not valid UTF-8 at byte {error.start} (send binary bodies "
-                                        "base64-encoded in body_base64 with encoding 'binary')"))
+        text, message_id, problem = _screen(line.raw, policy, now)
+        if text is None:
+            refused.append((line, message_id, problem or "refused"))
             continue
+        texts.append(text)
         origins.append(line)
-    result = enqueue(declaration, args.queue, texts)
+    result = enqueue(declaration, args.queue, texts, now=now)
     refused.extend((origins[r.line - 1], r.message_id, r.error) for r in result.refused)
     refused.sort(key=lambda item: item[0].number)
     batch = f" (batch {result.batch_id})" if result.batch_id else ""
@@ -115,13 +150,20 @@ def _enqueue(args: argparse.Namespace) -> int:
         print(f"{path}: line {line.number}: {who}{error}", file=sys.stderr)
     target = refused_path(path)
     try:
-        target.write_bytes(b"".join(line.raw.rstrip(b"\r") + b"\n" for line, _, _ in refused))
+        _write_atomically(target, b"".join(line.raw.rstrip(b"\r") + b"\n" for line, _, _ in refused))
     except OSError as error:
-        print(f"{PROG} enqueue: error: could not write the refused lines to {target}: {error.strerror}; "
+        print(f"{PROG} enqueue: error: could not write the refused lines to {target}: {error}; "
               f"they are still in {path}", file=sys.stderr)
         return EXIT_INCOMPLETE
     print(f"refused {len(refused)}; the refused lines are in {target}")
     return EXIT_INCOMPLETE
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    # A reader (or a re-run) never sees half a file of refused lines.
+    partial = target.with_name(target.name + ".tmp")
+    partial.write_bytes(data)
+    partial.replace(target)
 
 
 # ------------------------------------------------------------------------------ status and inspect
@@ -283,6 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DeclarationError as error:
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing is wrong, and nothing more can be printed.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_INCOMPLETE
     except (DeltaError, OSError) as error:
         # The lake itself failed (unreachable store, permissions, a damaged log): say which.
         print(f"{PROG} {args.command}: error: {type(error).__name__}: {error}", file=sys.stderr)

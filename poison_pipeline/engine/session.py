@@ -18,6 +18,7 @@ REQUIRED = {
 }
 DEFAULTS = {
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.adaptive.enabled": "true",
     "spark.driver.memory": "2g",

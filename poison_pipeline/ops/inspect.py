@@ -281,11 +281,11 @@ def format_inspection(found: Inspection, now: datetime, stacks: bool = False) ->
             lines.extend(_error_text(place.last_error, stacks, "      "))
     if not found.locations:
         lines.append("  in no table (only its attempts are recorded)")
-    lines.append(f"  message_type {env.message_type}, encoding {env.encoding}")
     lines.extend(f"  {name} {value}" for name, value in (
-        ("conversation", env.conversation_id), ("sequence_number", env.sequence_number),
-        ("sender", env.sender)) if value is not None)
-    lines.append(f"  enqueued_at {format_time(env.enqueued_at)}, expires_at {format_time(env.expires_at)}")
+        ("message_type", env.message_type), ("encoding", env.encoding),
+        ("conversation_id", env.conversation_id), ("sequence_number", env.sequence_number),
+        ("sender", env.sender), ("enqueued_at", env.enqueued_at and format_time(env.enqueued_at)),
+        ("expires_at", env.expires_at and format_time(env.expires_at))) if value is not None)
     if env.headers:
         lines.append("  headers " + ", ".join(f"{k}={_printable(v)}" for k, v in env.headers.items()))
     size = "" if env.body.size is None else f" ({env.body.size} bytes, shown as {env.body.shown_as})"
