@@ -45,7 +45,7 @@ def drive(defs: Definitions, instance: DagsterInstance, deadline: float) -> int:
             cursors[sensor.name] = result.cursor
             waiting = waiting or '"waiting": 0' not in (result.cursor or "")
             for request in result.run_requests or []:
-                job = defs.get_job_def(sensor.job_name)
+                job = defs.resolve_job_def(sensor.job_name)
                 outcome = job.execute_in_process(instance=instance, tags=request.tags,
                                                  run_config=QUIET)
                 assert outcome.success, f"{sensor.job_name} failed"

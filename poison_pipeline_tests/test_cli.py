@@ -28,7 +28,8 @@ QUEUES: dict[str, Any] = {
 def write_config(folder: Path, queues: dict[str, Any] | None = None, **extra: Any) -> Path:
     # A relative lake root: the declaration resolves it against the file's folder.
     path = folder / "poison_pipeline.yaml"
-    path.write_text(yaml.safe_dump({"lake_root": "lake", "queues": queues or QUEUES, **extra}, sort_keys=False))
+    data = {"lake_root": "lake", "queues": queues or QUEUES, **extra}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 

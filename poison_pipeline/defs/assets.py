@@ -55,7 +55,7 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
         metadata={"table_uri": QueueTables.of(declaration, queue).uri(table)},
     )
     def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
-        report = run_cycle(spark.spark_session, declaration, queue, table, run_id=context.run_id)
+        report = run_cycle(spark.spark_session, declaration, queue, table, run_id=context.run.run_id)
         if report.skipped:
             context.log.warning(f"{queue}/{table}: processed nothing: {report.skipped}")
         else:

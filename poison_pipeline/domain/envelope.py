@@ -146,7 +146,9 @@ def parse_envelope(
         raise EnvelopeError(f"{unknown[0]}: not an envelope field (fields: {', '.join(sorted(_FIELDS))})")
     message_id = _text(record, "message_id", required=True)
     message_type = _text(record, "message_type", required=True)
-    encoding = record.get("encoding", "json")
+    # Without an encoding, a body is taken as JSON and no body as an empty message.
+    has_body = record.get("body") is not None or "body_base64" in record
+    encoding = record.get("encoding") or ("json" if has_body else "empty")
     if encoding not in ENCODINGS:
         raise EnvelopeError(f"encoding: {encoding!r} is not one of {', '.join(ENCODINGS)}")
     body = _body(record, encoding)

@@ -1,0 +1,70 @@
+"""Invalid declarations fail at load, naming the field, the value and the rule."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from poison_pipeline.domain.declaration import DeclarationError, load_declaration, parse_declaration
+
+HANDLER = "poison_pipeline_tests.handlers:scripted"
+
+
+def declare(**queue):
+    return parse_declaration({"lake_root": "/tmp/lake", "queues": {"q": {"handler": HANDLER, **queue}}})
+
+
+def test_defaults_are_the_wcf_defaults():
+    policy = declare().queues["q"].policy
+    assert (policy.receive_retry_count, policy.max_retry_cycles) == (5, 2)
+    assert policy.retry_cycle_delay == timedelta(minutes=30)
+    assert policy.receive_error_handling == "fault" and policy.max_attempts == 18
+
+
+@pytest.mark.parametrize(
+    ("queue", "field", "value", "rule"),
+    [
+        ({"poison_queue": {"receive_error_handling": "move"}},
+         "q.poison_queue.receive_error_handling", "'move'", "drop, reject or fault"),
+        ({"policy": {"receive_error_handling": "explode"}},
+         "q.policy.receive_error_handling", "'explode'", "'fault', 'drop', 'reject' or 'move'"),
+        ({"policy": {"receive_retry_count": -1}}, "q.policy.receive_retry_count", "-1", "greater than or equal to 0"),
+        ({"policy": {"retry_cycle_delay": "soon"}}, "q.policy.retry_cycle_delay", "'soon'", "not a duration"),
+        ({"policy": {"handler_timeout": "0s"}}, "q.policy.handler_timeout", "'0s'", "greater than zero"),
+        ({"policy": {"unrecoverable": {"exceptions": ["nowhere.mod:Err"]}}},
+         "q.policy.unrecoverable.exceptions", "['nowhere.mod:Err']", "cannot be imported"),
+        ({"handler": "not a path"}, "q.handler", "'not a path'", "not an import path"),
+        ({"handler": "poison_pipeline_tests.handlers:missing"}, "q.handler", "missing'", "cannot be imported"),
+        ({"policy": {"retries": 3}}, "q.policy.retries", "3", "Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_values_name_field_value_and_rule(queue, field, value, rule):
+    with pytest.raises(DeclarationError) as error:
+        declare(**queue)
+    message = str(error.value)
+    assert f"queues.{field} = " in message and value in message and rule in message
+
+
+def test_bad_queue_name_and_spark_connect_url():
+    with pytest.raises(DeclarationError, match="queue name 'Bad-Name'"):
+        parse_declaration({"lake_root": "/x", "queues": {"Bad-Name": {"handler": HANDLER}}})
+    with pytest.raises(DeclarationError, match="spark.remote = 'http://x'.*sc://"):
+        parse_declaration({"lake_root": "/x", "spark": {"remote": "http://x"},
+                           "queues": {"q": {"handler": HANDLER}}})
+
+
+def test_yaml_file_relative_lake_root_and_errors(tmp_path):
+    path = tmp_path / "decl.yaml"
+    path.write_text(f"lake_root: lake\nqueues:\n  q:\n    handler: {HANDLER}\n")
+    assert load_declaration(path).lake_root == str(tmp_path / "lake")
+    path.write_text("queues: [unclosed")
+    with pytest.raises(DeclarationError, match="not valid YAML"):
+        load_declaration(path)
+    with pytest.raises(DeclarationError, match="does not exist"):
+        load_declaration(tmp_path / "missing.yaml")
+
+
+def test_the_example_declaration_loads():
+    declaration = load_declaration("poison_pipeline.yaml")
+    assert set(declaration.queues) == {"inventory", "orders"}

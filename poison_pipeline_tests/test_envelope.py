@@ -1,0 +1,65 @@
+"""Envelope validation at enqueue: a malformed envelope is refused clearly, the rest go in."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
+from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline_tests.support import queue, rows
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"message_type": "t"}, "message_id: required"),
+        ({"message_id": "a"}, "message_type: required"),
+        ({"message_id": "a", "message_type": "t", "encoding": "yaml"}, "encoding: 'yaml' is not one of"),
+        ({"message_id": "a", "message_type": "t", "encoding": "json", "body": "{oops"}, "body: not valid JSON"),
+        ({"message_id": "a", "message_type": "t", "encoding": "xml", "body": "<a>"}, "not well-formed XML"),
+        ({"message_id": "a", "message_type": "t", "encoding": "text", "body_base64": "/w=="},
+         "not valid UTF-8 at byte 0"),
+        ({"message_id": "a", "message_type": "t", "encoding": "empty", "body": "x"}, "must have no body"),
+        ({"message_id": "a", "message_type": "t", "sequence_number": 1}, "only meaningful with a conversation"),
+        ({"message_id": "a", "message_type": "t", "expires_at": "tomorrow"}, "expires_at: 'tomorrow'"),
+        ({"message_id": "a", "message_type": "t", "colour": "red"}, "colour: not an envelope field"),
+        ({"message_id": "a", "message_type": "t", "headers": {"k": 1}}, "headers: must be"),
+        ("just text", "must be a JSON object"),
+    ],
+)
+def test_malformed_envelopes_are_refused_with_the_field(record, message):
+    with pytest.raises(EnvelopeError, match=message):
+        parse_envelope(record, NOW)
+
+
+def test_huge_body_is_refused():
+    with pytest.raises(EnvelopeError, match="over the queue's limit of 10"):
+        parse_envelope({"message_id": "a", "message_type": "t", "encoding": "text", "body": "x" * 11},
+                       NOW, max_body_bytes=10)
+
+
+def test_binary_body_and_time_to_live():
+    from datetime import timedelta
+
+    envelope = parse_envelope({"message_id": "a", "message_type": "t", "encoding": "binary",
+                               "body_base64": "AP8="}, NOW, time_to_live=timedelta(hours=1))
+    assert envelope.body == b"\x00\xff" and envelope.expires_at == NOW + timedelta(hours=1)
+
+
+def test_enqueue_keeps_the_good_and_reports_the_bad(make_declaration):
+    declaration = make_declaration(queue())
+    result = enqueue(declaration, "q", [
+        '{"message_id": "a", "message_type": "t", "body": {"x": 1}}',
+        '{"message_id": "b", "message_type": "t", "encoding": "xml", "body": "<a>"}',
+        "not json at all",
+        '{"message_id": "a", "message_type": "t"}',
+        '{"message_id": "c", "message_type": "t", "encoding": "empty"}',
+    ])
+    assert result.accepted == 2
+    assert [(r.line, r.message_id) for r in result.refused] == [(2, "b"), (3, None), (4, "a")]
+    assert "appears twice" in result.refused[2].error and "not valid JSON" in result.refused[1].error
+    assert sorted(r["message_id"] for r in rows(declaration, "inbound")) == ["a", "c"]
