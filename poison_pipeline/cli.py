@@ -37,9 +37,6 @@ class UsageError(Exception):
     """A mistake in what the user asked for: one line on stderr, exit code 2."""
 
 
-# ---------------------------------------------------------------------------------------- helpers
-
-
 def _declaration(args: argparse.Namespace) -> Declaration:
     return load_declaration(args.config)
 
@@ -59,9 +56,6 @@ def _json_value(value: object) -> object:
 
 def _print_json(data: object) -> None:
     print(json.dumps(data, default=_json_value, indent=2, ensure_ascii=False))
-
-
-# ---------------------------------------------------------------------------------------- enqueue
 
 
 @dataclass(frozen=True)
@@ -166,9 +160,6 @@ def _write_atomically(target: Path, data: bytes) -> None:
     partial.replace(target)
 
 
-# ------------------------------------------------------------------------------ status and inspect
-
-
 def _status(args: argparse.Namespace) -> int:
     declaration = _declaration(args)
     queues = list(declaration.queues)
@@ -198,9 +189,6 @@ def _inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# ----------------------------------------------------------------------------------------- enable
-
-
 def _default_actor() -> str:
     try:
         return getpass.getuser()
@@ -219,9 +207,6 @@ def _enable(args: argparse.Namespace) -> int:
     print(f"queue {args.queue!r} enabled by {args.actor}: {args.reason}")
     print(f"  it was disabled since {format_time(before.since)} by {before.actor}: {before.reason}")
     return EXIT_OK
-
-
-# ----------------------------------------------------------------------------------------- parser
 
 
 _EXIT_CODES = """exit codes:

@@ -72,9 +72,6 @@ def cycled(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return config
 
 
-# ----------------------------------------------------------------------------------------- enqueue
-
-
 def test_enqueue_refuses_a_malformed_line_and_enqueues_the_rest(tmp_path: Path, capsys) -> None:
     config = write_config(tmp_path)
     bad = ('{"message_id": "m-bad", "message_type": "t", "body": {}, "sequence_number": "x", '
@@ -149,9 +146,6 @@ def test_enqueue_into_an_unknown_queue_lists_the_declared_ones(tmp_path: Path, c
     assert err == "poison-pipeline enqueue: error: no queue 'nope' is declared; declared: q, other\n"
 
 
-# ------------------------------------------------------------------------------------------ status
-
-
 def test_status_after_a_cycle(cycled: Path, capsys) -> None:
     assert main(["--config", str(cycled), "status", "--queue", "q"]) == 0
     out = capsys.readouterr().out
@@ -180,9 +174,6 @@ def test_status_of_an_unknown_queue(cycled: Path, capsys) -> None:
     assert main(["--config", str(cycled), "status", "--queue", "orders"]) == 2
     assert capsys.readouterr().err == (
         "poison-pipeline status: error: no queue 'orders' is declared; declared: q, other\n")
-
-
-# ----------------------------------------------------------------------------------------- inspect
 
 
 def test_inspect_shows_body_and_history_and_changes_nothing(cycled: Path, capsys) -> None:
@@ -225,9 +216,6 @@ def test_inspect_unknown_message_exits_1(cycled: Path, capsys) -> None:
         "poison-pipeline inspect: message 'ghost' is in no table of queues q, other\n")
 
 
-# ------------------------------------------------------------------------------------------ enable
-
-
 def test_enable_a_disabled_queue_then_again(tmp_path: Path, capsys) -> None:
     config = write_config(tmp_path)
     tables = QueueTables.of(load_declaration(config), "q")
@@ -253,9 +241,6 @@ def test_enable_an_unknown_queue(tmp_path: Path, capsys) -> None:
     config = write_config(tmp_path)
     assert main(["--config", str(config), "enable", "nope"]) == 2
     assert "no queue 'nope' is declared; declared: q, other" in capsys.readouterr().err
-
-
-# ----------------------------------------------------------------------------------- configuration
 
 
 def test_invalid_declaration_names_field_value_and_rule(tmp_path: Path, capsys) -> None:
@@ -295,9 +280,6 @@ def test_config_may_follow_the_command(tmp_path: Path, capsys) -> None:
     config = write_config(tmp_path)
     assert main(["status", "--config", str(config), "--json"]) == 0
     assert {q["queue"] for q in json.loads(capsys.readouterr().out)["queues"]} == {"q", "other"}
-
-
-# ------------------------------------------------------------------------------------------- usage
 
 
 @pytest.mark.parametrize(("command", "options"), [

@@ -61,8 +61,6 @@ def lake_files(declaration: Declaration) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in Path(declaration.lake_root).rglob("*")}
 
 
-# ----------------------------------------------------------------------------------------- status
-
 
 def test_status_after_cycles_counts_every_table(cycled: Declaration) -> None:
     now = datetime.now(UTC)
@@ -152,8 +150,6 @@ def test_format_age(seconds: float | None, text: str) -> None:
     assert format_age(seconds) == text
 
 
-# ---------------------------------------------------------------------------------------- inspect
-
 
 def test_inspect_shows_place_counts_body_and_attempt_history(cycled: Declaration) -> None:
     found = inspect_message(cycled, "bad-1")
@@ -217,8 +213,6 @@ def test_inspect_waiting_message_shows_due_time(make_declaration) -> None:
     assert (found.envelope.body.shown_as, found.envelope.body.text) == ("xml", "<a>1</a>")
     assert found.attempts == ()
 
-
-# ------------------------------------------------------------------------------------ render_body
 
 
 @pytest.mark.parametrize(("body", "encoding", "shown_as", "text", "note"), [
