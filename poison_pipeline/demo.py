@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     sent = {
         "inventory": enqueue(declaration, "inventory", inventory_messages(args.inventory, rng)),
         "orders": enqueue(declaration, "orders",
-                          order_messages(args.orders, now, timedelta(seconds=args.delay / 2), rng)),
+                          order_messages(args.orders, now, rng)),
     }
     for queue, result in sent.items():
         print(f"enqueued {result.accepted} messages to {queue} ({len(result.refused)} refused)")

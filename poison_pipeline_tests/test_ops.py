@@ -61,7 +61,6 @@ def lake_files(declaration: Declaration) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in Path(declaration.lake_root).rglob("*")}
 
 
-
 def test_status_after_cycles_counts_every_table(cycled: Declaration) -> None:
     now = datetime.now(UTC)
     status = queue_status(cycled, "q", now)
@@ -150,7 +149,6 @@ def test_format_age(seconds: float | None, text: str) -> None:
     assert format_age(seconds) == text
 
 
-
 def test_inspect_shows_place_counts_body_and_attempt_history(cycled: Declaration) -> None:
     found = inspect_message(cycled, "bad-1")
 
@@ -212,7 +210,6 @@ def test_inspect_waiting_message_shows_due_time(make_declaration) -> None:
     assert (place.table, place.due_at, place.abort_count, place.move_count) == ("inbound", at, 0, 0)
     assert (found.envelope.body.shown_as, found.envelope.body.text) == ("xml", "<a>1</a>")
     assert found.attempts == ()
-
 
 
 @pytest.mark.parametrize(("body", "encoding", "shown_as", "text", "note"), [

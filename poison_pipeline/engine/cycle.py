@@ -96,7 +96,8 @@ def run_cycle(
         poison=queue_decl.poison_queue,
         handler=queue_decl.poison_queue.handler if table == "poison" else queue_decl.handler,
         now=now,
-        out_batch=f"{table}-{seq}-{run_id}",
+        # Short: Delta truncates string statistics at 64 characters and batches are found by them.
+        out_batch=f"{table}-{seq}-{run_id[:8]}",
         seen=duplicates.seen,
         losers=duplicates.losers,
     )

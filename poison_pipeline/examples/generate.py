@@ -24,19 +24,18 @@ def inventory_messages(count: int, rng: random.Random) -> list[dict[str, Any]]:
     return records
 
 
-def order_messages(count: int, now: datetime, profile_delay: timedelta,
-                   rng: random.Random) -> list[dict[str, Any]]:
+def order_messages(count: int, now: datetime, rng: random.Random) -> list[dict[str, Any]]:
     """25% arrive before the user's profile (succeed on a retry cycle), 3% never get one
     (rejected to the sender), 2% expired in transit (dead-letter)."""
     records = []
     for i in range(count):
         roll = rng.random()
-        ready: str | None = now.isoformat()
+        profile = "exists"
         expires = None
         if roll < 0.25:
-            ready = (now + profile_delay).isoformat()
+            profile = "pending"
         elif roll < 0.28:
-            ready = None
+            profile = "missing"
         elif roll < 0.30:
             expires = (now - timedelta(minutes=1)).isoformat()
         record: dict[str, Any] = {
@@ -44,7 +43,7 @@ def order_messages(count: int, now: datetime, profile_delay: timedelta,
             "message_type": "orders.purchase_order",
             "encoding": "json",
             "sender": f"storefront-{i % 5}",
-            "body": {"order": i, "user": f"user-{rng.randrange(50_000)}", "profile_ready_at": ready},
+            "body": {"order": i, "user": f"user-{rng.randrange(50_000)}", "profile": profile},
         }
         if expires:
             record["expires_at"] = expires

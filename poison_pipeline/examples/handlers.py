@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from poison_pipeline.domain.envelope import Message
 
 
@@ -38,6 +36,8 @@ def withdraw_inventory(message: Message) -> None:
 
 def place_order(message: Message) -> None:
     body = message.json()
-    ready = body.get("profile_ready_at")
-    if ready is None or datetime.fromisoformat(ready) > datetime.now(UTC):
+    # The profile service creates a "pending" profile within one retry_cycle_delay, so the
+    # order succeeds on retry cycle 1; a "missing" profile never comes.
+    profile = body.get("profile", "exists")
+    if profile == "missing" or (profile == "pending" and message.cycle < 1):
         raise ProfileMissing(f"user {body['user']} has no profile yet")

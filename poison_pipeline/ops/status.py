@@ -14,6 +14,7 @@ from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration
@@ -108,7 +109,7 @@ def _terminal(tables: QueueTables, table: str, now: datetime) -> TableStatus:
     counts = actions.column("num_records").to_pylist()
     rows = sum(counts) if None not in counts else target.count()
     arrival = f"min.{_ARRIVAL[table]}"
-    arrivals = []
+    arrivals: list[datetime] = []
     if arrival in actions.column_names:
         arrivals = [v for v in actions.column(arrival).to_pylist() if v is not None]
     oldest = min(arrivals) if arrivals else None
@@ -121,7 +122,8 @@ def _count_by(target: DeltaTable, actions: pa.Table, column: str) -> dict[str, i
     nulls, reading the column only from the other files."""
     names = set(actions.column_names)
     if not {f"min.{column}", f"max.{column}", f"null_count.{column}"} <= names:
-        return _read_counts(target, column, None)
+        dataset = target.to_pyarrow_dataset()
+        return _read_counts(dataset, column, list(dataset.get_fragments()))
     counts: Counter[str] = Counter()
     mixed: set[str] = set()
     for path, rows, low, high, nulls in zip(
@@ -138,26 +140,23 @@ def _count_by(target: DeltaTable, actions: pa.Table, column: str) -> dict[str, i
         else:
             counts[low] += rows
     if mixed:
-        read = _read_counts(target, column, mixed)
-        if read is None:  # a file the dataset does not name as the log does: count it all
-            return dict(sorted(_read_counts(target, column, None).items()))
-        counts.update(read)
+        dataset = target.to_pyarrow_dataset()
+        fragments = [f for f in dataset.get_fragments() if f.path in mixed]
+        if len(fragments) != len(mixed):
+            # The dataset names some file differently from the log: count the whole column.
+            return _read_counts(dataset, column, list(dataset.get_fragments()))
+        counts.update(_read_counts(dataset, column, fragments))
     return dict(sorted(counts.items()))
 
 
-def _read_counts(target: DeltaTable, column: str, paths: set[str] | None) -> dict[str, int] | None:
-    dataset = target.to_pyarrow_dataset()
-    fragments = list(dataset.get_fragments())
-    if paths is not None:
-        fragments = [f for f in fragments if f.path in paths]
-        if len(fragments) != len(paths):
-            return None
+def _read_counts(dataset: pads.Dataset, column: str,
+                 fragments: list[pads.Fragment]) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for fragment in fragments:
         values = fragment.to_table(columns=[column], schema=dataset.schema).column(column)
         for item in pc.value_counts(values).to_pylist():
             counts[item["values"] if item["values"] is not None else NO_VALUE] += item["counts"]
-    return dict(counts)
+    return dict(sorted(counts.items()))
 
 
 def format_age(seconds: float | None) -> str:

@@ -78,7 +78,9 @@ def enqueue(
             envelope = parse_envelope(record, now, policy.time_to_live, policy.max_body_bytes)
             if envelope.message_id in seen:
                 raise EnvelopeError(f"message_id: {envelope.message_id!r} appears twice in this batch")
-        except EnvelopeError as error:
+            # Lone surrogates pass json.loads but cannot be stored as UTF-8: refuse them here.
+            json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
+        except (EnvelopeError, UnicodeError, OverflowError, RecursionError) as error:
             message_id = record.get("message_id") if isinstance(record, dict) else None
             result.refused.append(Refusal(line, message_id, str(error), raw[:1000]))
             continue

@@ -40,6 +40,11 @@ def schema_of(table: str) -> pa.Schema:
     }[table]
 
 
+# The column that says when a row arrived in each table: the age of its oldest entry.
+_ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at",
+            ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at"}
+
+
 @dataclass(frozen=True)
 class TableStats:
     """What the transaction log alone says of a table: no data file is opened."""
@@ -104,8 +109,8 @@ class QueueTables:
             return DeltaTable(self.uri(table), storage_options=self.storage_options)
         except TableNotFoundError:
             raise FileNotFoundError(
-                f"table {self.uri(table)} does not exist: enqueue a message or run "
-                f"`poison-pipeline status` to create the tables of queue {self.queue!r}"
+                f"table {self.uri(table)} does not exist: the tables of queue {self.queue!r} "
+                "are created by its first enqueue or cycle"
             ) from None
 
     def exists(self, table: str) -> bool:
@@ -144,11 +149,8 @@ class QueueTables:
             return TableStats(target.version(), 0, 0, None, 0, (), (), None)
         rows = actions.column("num_records").to_pylist()
         columns = set(actions.column_names)
-        oldest_col = next(
-            (c for c in ("min.entered_at", "min.at", "min.dead_lettered_at", "min.quarantined_at",
-                         "min.started_at") if c in columns),
-            None,
-        )
+        oldest_col = f"min.{_ARRIVAL.get(table, 'entered_at')}"
+        oldest_col = oldest_col if oldest_col in columns else None
         oldest_values = [v for v in actions.column(oldest_col).to_pylist() if v] if oldest_col else []
         # Every file holds a single batch (each enqueue and each cycle output is written as one
         # batch), so a file's min and max batch id name its batch and a batch is due as a whole.
