@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import time
@@ -43,7 +44,7 @@ def drive(defs: Definitions, instance: DagsterInstance, deadline: float) -> int:
             result = sensor(context)
             assert isinstance(result, SensorResult)
             cursors[sensor.name] = result.cursor
-            waiting = waiting or '"waiting": 0' not in (result.cursor or "")
+            waiting = waiting or bool(json.loads(result.cursor or "{}").get("waiting"))
             for request in result.run_requests or []:
                 job = defs.resolve_job_def(sensor.job_name)
                 outcome = job.execute_in_process(instance=instance, tags=request.tags,

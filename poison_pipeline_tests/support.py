@@ -41,6 +41,16 @@ def places(declaration: Declaration, name: str = "q") -> dict[str, list[str]]:
     return dict(found)
 
 
+def table_versions(declaration: Declaration) -> dict[str, int]:
+    versions = {}
+    for queue in declaration.queues:
+        tables = QueueTables.of(declaration, queue)
+        for table in tables.all_tables:
+            if tables.exists(table):
+                versions[f"{queue}/{table}"] = tables.open(table).version()
+    return versions
+
+
 def attempts_of(declaration: Declaration, message_id: str, name: str = "q") -> list[dict[str, Any]]:
     return sorted(
         (r for r in rows(declaration, ATTEMPTS, name) if r["message_id"] == message_id),

@@ -12,10 +12,11 @@ import yaml
 from pyspark.sql import SparkSession
 
 from poison_pipeline.cli import main, refused_path
-from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, load_declaration
+from poison_pipeline.domain.declaration import CONFIG_ENV, load_declaration
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables
+from poison_pipeline_tests.support import table_versions
 
 HANDLER = "poison_pipeline_tests.handlers:scripted"
 QUEUES: dict[str, Any] = {
@@ -41,16 +42,6 @@ def write_jsonl(path: Path, *lines: str | dict[str, Any]) -> Path:
 def inbound_ids(config: Path, queue: str = "q") -> list[str]:
     tables = QueueTables.of(load_declaration(config), queue)
     return sorted(tables.open("inbound").to_pyarrow_table(columns=["message_id"])["message_id"].to_pylist())
-
-
-def table_versions(declaration: Declaration) -> dict[str, int]:
-    versions = {}
-    for queue in declaration.queues:
-        tables = QueueTables.of(declaration, queue)
-        for table in tables.all_tables:
-            if tables.exists(table):
-                versions[f"{queue}/{table}"] = tables.open(table).version()
-    return versions
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.support import table_versions
 
 HANDLER = "poison_pipeline_tests.handlers:scripted"
 # Two cycles (inbound, then retry_1 with no delay) so a failing message has history in two tables.
@@ -45,16 +46,6 @@ def cycled(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Dec
     assert run_cycle(spark, declaration, "q", "inbound").counts["moved"] == 2
     assert run_cycle(spark, declaration, "q", "retry_1").counts["rejected"] == 2
     return declaration
-
-
-def table_versions(declaration: Declaration) -> dict[str, int]:
-    versions = {}
-    for queue in declaration.queues:
-        tables = QueueTables.of(declaration, queue)
-        for table in tables.all_tables:
-            if tables.exists(table):
-                versions[f"{queue}/{table}"] = tables.open(table).version()
-    return versions
 
 
 def lake_files(declaration: Declaration) -> dict[str, float]:

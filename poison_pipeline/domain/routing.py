@@ -72,6 +72,11 @@ def cycle_of(table: str) -> int:
     raise ValueError(f"{table!r} is not the inbound queue or a retry subqueue")
 
 
+def cycle_number(table: str, policy: Policy) -> int:
+    """The cycle a table's deliveries count as: the poison queue comes after the last retry cycle."""
+    return policy.max_retry_cycles + 1 if table == POISON else cycle_of(table)
+
+
 def _final(handling: ReceiveErrorHandling, expired: bool) -> Route:
     if handling is ReceiveErrorHandling.FAULT:
         return Route(STAY, Disposition.FAULTED, "faulted")

@@ -19,6 +19,7 @@ from poison_pipeline.domain.routing import (
     STAY,
     Outcome,
     Route,
+    cycle_number,
     route_before_delivery,
     route_main,
     route_poison,
@@ -60,9 +61,7 @@ class CycleSpec:
 
     @property
     def cycle(self) -> int:
-        if self.is_poison:
-            return self.policy.max_retry_cycles + 1
-        return 0 if self.table == "inbound" else int(self.table.removeprefix("retry_"))
+        return cycle_number(self.table, self.policy)
 
 
 def _envelope(row: dict[str, Any]) -> Envelope:

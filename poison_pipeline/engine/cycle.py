@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.routing import PROCESSED
+from poison_pipeline.domain.routing import PROCESSED, cycle_number
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.engine.commit import apply_staged
 from poison_pipeline.engine.dedup import find_duplicates
@@ -60,14 +60,13 @@ def run_cycle(
         raise ValueError(f"{table!r} is not a waiting table of {queue!r}: {', '.join(tables.waiting)}")
     tables.ensure()
     report = CycleReport(queue, table)
-    spec_cycle = CycleSpec(queue, table, queue_decl.policy, queue_decl.poison_queue, None,
-                           datetime.now(UTC), "").cycle
+    cycle = cycle_number(table, queue_decl.policy)
     previous = read_entry(_journal(tables, table))
     seq = 1
     if previous is not None:
         seq = previous.seq if previous.state == "planned" else previous.seq + 1
         if previous.state == "staged":
-            report.recovered = _finish(tables, previous, spec_cycle)
+            report.recovered = _finish(tables, previous, cycle)
         elif previous.state == "planned":
             remove_tree(previous.staging)  # a compute that died: nothing of it was committed
     state = queue_state(tables)
@@ -106,6 +105,6 @@ def run_cycle(
     entry.state = "staged"
     write_entry(_journal(tables, table), entry)
     report.seq = seq
-    report.counts = _finish(tables, entry, spec.cycle)
+    report.counts = _finish(tables, entry, cycle)
     report.duration_s = time.perf_counter() - started
     return report

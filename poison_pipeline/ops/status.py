@@ -28,7 +28,6 @@ LEDGER = "ledger"
 
 # When a row arrived in a terminal table: its age there is what an operator acts on (the stats'
 # `entered_at` of these rows is when the message entered the waiting table it failed in).
-_ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at"}
 _BREAKDOWN = {DEAD_LETTER: "reason", QUARANTINE: "reason", PROCESSED: "disposition"}
 NO_VALUE = "(none)"
 
@@ -102,18 +101,12 @@ def _terminal(tables: QueueTables, table: str, now: datetime) -> TableStatus:
     kind = LEDGER if table == PROCESSED else TERMINAL
     if not tables.exists(table):
         return TableStatus(table, kind, exists=False)
+    stats = tables.stats(table, now)
+    if stats.files == 0:
+        return TableStatus(table, kind, True, 0, stats.version)
     target = tables.open(table)
     actions = pa.table(target.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return TableStatus(table, kind, True, 0, target.version())
-    counts = actions.column("num_records").to_pylist()
-    rows = sum(counts) if None not in counts else target.count()
-    arrival = f"min.{_ARRIVAL[table]}"
-    arrivals: list[datetime] = []
-    if arrival in actions.column_names:
-        arrivals = [v for v in actions.column(arrival).to_pylist() if v is not None]
-    oldest = min(arrivals) if arrivals else None
-    return TableStatus(table, kind, True, rows, target.version(), oldest, _age(now, oldest),
+    return TableStatus(table, kind, True, stats.rows, stats.version, stats.oldest, _age(now, stats.oldest),
                        by=_count_by(target, actions, _BREAKDOWN[table]))
 
 

@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -93,9 +92,3 @@ def enqueue(
         tables.append(INBOUND, message_rows(accepted, result.batch_id, now))
         result.accepted = len(accepted)
     return result
-
-
-def enqueue_file(declaration: Declaration, queue: str, path: Path) -> EnqueueResult:
-    """Enqueue a JSON Lines file, one envelope a line; blank lines are skipped."""
-    with path.open(encoding="utf-8", errors="surrogateescape") as lines:
-        return enqueue(declaration, queue, (line for line in lines if line.strip()))
