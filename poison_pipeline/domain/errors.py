@@ -35,17 +35,50 @@ def normalise(message: str) -> str:
     return _NUMBERS.sub("<n>", text)[:500]
 
 
+# Formatting a stack reads source files and parses them for the caret markers: hundreds of
+# microseconds. A poison message fails at the same place on every attempt, so the formatted frames
+# are kept per failure site (the code objects and instruction offsets of the traceback).
+_SITES: dict[tuple[object, ...], tuple[str, str]] = {}
+_SITES_LIMIT = 4096
+
+
+def _frames(error: BaseException) -> tuple[str, str]:
+    """The formatted traceback header and frames, and the innermost frame as `file:function`."""
+    key: list[object] = [type(error)]
+    tb = error.__traceback__
+    while tb is not None:
+        key.append((tb.tb_frame.f_code, tb.tb_lasti))
+        tb = tb.tb_next
+    site = tuple(key)
+    cached = _SITES.get(site)
+    if cached is None:
+        frames = traceback.extract_tb(error.__traceback__)
+        top = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].name}" if frames else ""
+        header = "Traceback (most recent call last):\n" if frames else ""
+        cached = (header + "".join(frames.format()), top)
+        if len(_SITES) >= _SITES_LIMIT:
+            _SITES.clear()
+        _SITES[site] = cached
+    return cached
+
+
+def _stack(error: BaseException, frames: str) -> str:
+    if error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__):
+        # A chained error prints its causes too; rare enough to format in full.
+        return "".join(traceback.format_exception(error))
+    return frames + "".join(traceback.format_exception_only(error))
+
+
 def describe(error: BaseException) -> ErrorInfo:
     kind = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
-    frames = traceback.extract_tb(error.__traceback__)
-    top = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].name}" if frames else ""
+    frames, top = _frames(error)
     message = str(error)[:4000]
     key = f"{kind}|{normalise(message)}|{top}"
     code = getattr(error, "code", None)
     return ErrorInfo(
         type=kind,
         message=message,
-        stack="".join(traceback.format_exception(error))[-8000:],
+        stack=_stack(error, frames)[-8000:],
         signature=hashlib.sha1(key.encode()).hexdigest()[:16],
         code=None if code is None else str(code),
     )

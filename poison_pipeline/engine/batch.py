@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from poison_pipeline.domain.envelope import Envelope, Message
-from poison_pipeline.domain.errors import Classifier
+from poison_pipeline.domain.errors import Classifier, ErrorInfo
 from poison_pipeline.domain.imports import import_callable
 from poison_pipeline.domain.policy import PoisonQueuePolicy, Policy
 from poison_pipeline.domain.routing import (
@@ -24,10 +25,8 @@ from poison_pipeline.domain.routing import (
     route_main,
     route_poison,
 )
-from poison_pipeline.engine.delivery import Delivery, deliver
+from poison_pipeline.engine.delivery import AttemptRecord, Delivery, deliver
 from poison_pipeline.storage import schemas
-
-_ENVELOPE_NAMES = [f.name for f in schemas.ENVELOPE_FIELDS]
 
 
 @dataclass(frozen=True)
@@ -64,11 +63,87 @@ class CycleSpec:
         return cycle_number(self.table, self.policy)
 
 
-def _envelope(row: dict[str, Any]) -> Envelope:
-    values = {name: row[name] for name in _ENVELOPE_NAMES}
-    values["headers"] = dict(row["headers"] or [])
-    values["body"] = row["body"] or b""
-    return Envelope(**values)
+def _timestamps(column: pa.Array) -> list[datetime | None]:
+    # Converting naive values and attaching UTC costs half of converting tz-aware ones.
+    return [None if v is None else v.replace(tzinfo=UTC) for v in column.cast(_NAIVE).to_pylist()]
+
+
+class _Changes:
+    """What the cycle changes in each message of one Arrow batch, gathered row by row; the output
+    batch is the input with only these columns replaced (SPEC section 6's count rules)."""
+
+    def __init__(self) -> None:
+        self.routes: list[Route] = []
+        self.failures: list[int] = []
+        self.errors: list[ErrorInfo | None] = []
+        self.offsets: list[int] = [0]
+        self.attempts: list[AttemptRecord] = []
+
+    def add(self, route: Route, delivery: Delivery | None) -> None:
+        self.routes.append(route)
+        if delivery is None:
+            self.failures.append(0)
+            self.errors.append(None)
+        else:
+            self.failures.append(delivery.failures)
+            self.errors.append(delivery.last_error)
+            self.attempts.extend(delivery.attempts)
+        self.offsets.append(len(self.attempts))
+
+    def apply(self, batch: pa.RecordBatch, spec: CycleSpec) -> pa.RecordBatch:
+        destinations = [r.destination for r in self.routes]
+        moved = pa.array([d.startswith("retry_") or d == POISON for d in destinations])
+        processed = pa.array([d == PROCESSED for d in destinations])
+        stay = pa.array([d == STAY for d in destinations])
+        failures = pa.array(self.failures, pa.int32())
+        now = pa.scalar(spec.now, schemas.TS)
+        # A move between queues: MSMQ counts it and starts the abort count afresh.
+        due = pa.array(
+            [spec.now + spec.policy.retry_cycle_delay if d.startswith("retry_") else spec.now for d in destinations],
+            schemas.TS,
+        )
+        columns = {
+            "abort_count": pc.if_else(moved, 0, pc.add(batch.column("abort_count"), failures)),
+            "total_abort_count": pc.add(batch.column("total_abort_count"), failures),
+            "move_count": pc.add(batch.column("move_count"), pc.cast(moved, pa.int32())),
+            "entered_at": pc.if_else(moved, now, batch.column("entered_at")),
+            "due_at": pc.if_else(pc.or_(moved, stay), due, batch.column("due_at")),
+            "batch_id": pc.if_else(processed, batch.column("batch_id"), pa.scalar(spec.out_batch)),
+            # The processed ledger keeps no bodies.
+            "body": pc.if_else(processed, pa.scalar(None, pa.binary()), batch.column("body")),
+        }
+        for name, attribute in _ERROR_COLUMNS.items():
+            new = pa.array([getattr(e, attribute) if e is not None else None for e in self.errors], pa.string())
+            columns[name] = pc.coalesce(new, batch.column(name))
+        columns["destination"] = pa.array(destinations, pa.string())
+        columns["disposition"] = pa.array([r.disposition.value for r in self.routes], pa.string())
+        columns["reason"] = pa.array([r.reason for r in self.routes], pa.string())
+        columns["attempts"] = self._attempts()
+        arrays = [columns[f.name] if f.name in columns else batch.column(f.name) for f in schemas.RESULT]
+        return pa.RecordBatch.from_arrays(arrays, schema=schemas.RESULT)
+
+    def _attempts(self) -> pa.Array:
+        records = self.attempts
+        errors = [a.error for a in records]
+        fields = [
+            pa.array([a.attempt for a in records], pa.int32()),
+            pa.array([a.started_us for a in records], schemas.TS),
+            pa.array([a.duration_ms for a in records], pa.float64()),
+            pa.array([a.outcome for a in records], pa.string()),
+            *(pa.array([getattr(e, attr) if e is not None else None for e in errors], pa.string())
+              for attr in _ERROR_COLUMNS.values()),
+        ]
+        values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
+        return pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), values)
+
+
+_NAIVE = pa.timestamp("us")
+_ERROR_COLUMNS = {
+    "last_error_type": "type",
+    "last_error_message": "message",
+    "last_error_stack": "stack",
+    "last_error_signature": "signature",
+}
 
 
 class Processor:
@@ -78,69 +153,69 @@ class Processor:
         self.spec = spec
         self.handler = import_callable(spec.handler) if spec.handler else None
         self.classifier = Classifier(spec.policy.unrecoverable)
+        self._routes: dict[tuple[Outcome, bool], Route] = {}
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            rows = [self.process(row) for row in batch.to_pylist()]
-            yield pa.RecordBatch.from_pylist(rows, schema=schemas.RESULT)
+            yield self.process(batch)
 
-    def _route(self, row: dict[str, Any], expired: bool) -> tuple[Route, Delivery | None]:
+    def process(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         spec = self.spec
-        duplicate = row["message_id"] in spec.seen or (row["message_id"], row["batch_id"]) in spec.losers
-        early = route_before_delivery(expired, duplicate)
-        if early is not None:
-            return early, None
-        if self.handler is None:  # the poison queue's default reader: quarantine
-            return route_poison(Outcome.EXHAUSTED, spec.poison, expired), None
-        envelope = _envelope(row)
-        delivery = deliver(
+        expired = pc.fill_null(pc.less_equal(batch.column("expires_at"), pa.scalar(spec.now, schemas.TS)), False)
+        columns = {name: batch.column(name).to_pylist() for name in _PLAIN_COLUMNS}
+        enqueued = _timestamps(batch.column("enqueued_at"))
+        expires = _timestamps(batch.column("expires_at"))
+        changes = _Changes()
+        for i, is_expired in enumerate(expired.to_pylist()):
+            message_id = columns["message_id"][i]
+            duplicate = message_id in spec.seen or (message_id, columns["batch_id"][i]) in spec.losers
+            early = route_before_delivery(is_expired, duplicate)
+            if early is not None:
+                changes.add(early, None)
+                continue
+            if self.handler is None:  # the poison queue's default reader: quarantine
+                changes.add(self._route(Outcome.EXHAUSTED, is_expired), None)
+                continue
+            envelope = Envelope(
+                message_id=message_id,
+                message_type=columns["message_type"][i],
+                body=columns["body"][i] or b"",
+                encoding=columns["encoding"][i],
+                enqueued_at=enqueued[i],  # type: ignore[arg-type]
+                conversation_id=columns["conversation_id"][i],
+                sequence_number=columns["sequence_number"][i],
+                expires_at=expires[i],
+                sender=columns["sender"][i],
+                headers=dict(columns["headers"][i] or ()),
+            )
+            delivery = self._deliver(envelope, columns["abort_count"][i], columns["move_count"][i])
+            changes.add(self._route(delivery.outcome, is_expired), delivery)
+        return changes.apply(batch, spec)
+
+    def _deliver(self, envelope: Envelope, abort_count: int, move_count: int) -> Delivery:
+        spec = self.spec
+        assert self.handler is not None
+        return deliver(
             self.handler,
-            lambda attempt: Message(
-                envelope=envelope,
-                queue=spec.queue,
-                abort_count=row["abort_count"] + attempt - 1,
-                move_count=row["move_count"],
-                cycle=spec.cycle,
-                attempt=attempt,
-            ),
+            lambda attempt: Message(envelope, spec.queue, abort_count + attempt - 1, move_count, spec.cycle, attempt),
             spec.attempts_per_cycle,
             spec.timeout_seconds,
             self.classifier,
         )
-        if spec.is_poison:
-            return route_poison(delivery.outcome, spec.poison, expired), delivery
-        return route_main(spec.table, delivery.outcome, spec.policy, expired), delivery
 
-    def process(self, row: dict[str, Any]) -> dict[str, Any]:
-        spec = self.spec
-        expired = row["expires_at"] is not None and row["expires_at"] <= spec.now
-        route, delivery = self._route(row, expired)
-        out = dict(row)
-        if delivery is not None:
-            out["abort_count"] = row["abort_count"] + delivery.failures
-            out["total_abort_count"] = row["total_abort_count"] + delivery.failures
-            error = delivery.last_error
-            if error is not None:
-                out["last_error_type"] = error.type
-                out["last_error_message"] = error.message
-                out["last_error_stack"] = error.stack
-                out["last_error_signature"] = error.signature
-        if route.destination.startswith("retry_") or route.destination == POISON:
-            # A move between queues: MSMQ counts it and starts the abort count afresh.
-            out["move_count"] = row["move_count"] + 1
-            out["abort_count"] = 0
-            out["entered_at"] = spec.now
-            delay = spec.policy.retry_cycle_delay if route.destination != POISON else timedelta(0)
-            out["due_at"] = spec.now + delay
-        if route.destination != PROCESSED:
-            out["batch_id"] = spec.out_batch
-        if route.destination == STAY:
-            out["due_at"] = spec.now
-        if route.destination == PROCESSED:
-            out["body"] = None  # the ledger keeps no bodies
-        out["headers"] = row["headers"] or []
-        out["destination"] = route.destination
-        out["disposition"] = route.disposition.value
-        out["reason"] = route.reason
-        out["attempts"] = [a.as_row() for a in delivery.attempts] if delivery else []
-        return out
+    def _route(self, outcome: Outcome, expired: bool) -> Route:
+        route = self._routes.get((outcome, expired))
+        if route is None:
+            spec = self.spec
+            if spec.is_poison:
+                route = route_poison(outcome, spec.poison, expired)
+            else:
+                route = route_main(spec.table, outcome, spec.policy, expired)
+            self._routes[(outcome, expired)] = route
+        return route
+
+
+_PLAIN_COLUMNS = [
+    "message_id", "conversation_id", "sequence_number", "message_type", "body", "encoding", "sender",
+    "headers", "abort_count", "move_count", "batch_id",
+]

@@ -33,18 +33,21 @@ def find_duplicates(spark: SparkSession, batch: DataFrame, ledger_files: list[st
             )
         )
         ids = ids.unionByName(done)
-    repeated = ids.groupBy("message_id").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.max("src").alias("processed"),
-        F.min("src").alias("in_batch"),
-        F.collect_list(F.struct("enqueued_at", "batch_id", "src")).alias("copies"),
-    ).where("n > 1 AND in_batch = 0")
-    seen: set[str] = set()
-    losers: set[tuple[str, str]] = set()
-    for row in repeated.toLocalIterator():
-        if row["processed"]:
-            seen.add(row["message_id"])
-            continue
-        copies = sorted((c["enqueued_at"], c["batch_id"]) for c in row["copies"] if c["src"] == 0)
-        losers.update((row["message_id"], batch_id) for _, batch_id in copies[1:])
-    return Duplicates(frozenset(seen), frozenset(losers))
+    # Plain counts per id keep the aggregate a hash aggregate; only the few repeated ids come back.
+    repeated = (
+        ids.groupBy("message_id")
+        .agg(F.count(F.lit(1)).alias("n"), F.max("src").alias("processed"), F.min("src").alias("in_batch"))
+        .where("n > 1 AND in_batch = 0")
+        .collect()
+    )
+    seen = frozenset(r["message_id"] for r in repeated if r["processed"])
+    twins = [r["message_id"] for r in repeated if not r["processed"]]
+    if not twins:
+        return Duplicates(seen, frozenset())
+    wanted = spark.createDataFrame([(t,) for t in twins], "message_id string")
+    copies: dict[str, list[tuple[object, str]]] = {}
+    for row in batch.select("message_id", "batch_id", "enqueued_at").join(F.broadcast(wanted), "message_id").collect():
+        copies.setdefault(row["message_id"], []).append((row["enqueued_at"], row["batch_id"]))
+    # The earliest enqueued copy is delivered; every later one is a duplicate.
+    losers = frozenset((mid, batch_id) for mid, found in copies.items() for _, batch_id in sorted(found)[1:])
+    return Duplicates(seen, losers)

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from poison_pipeline.domain.envelope import Message
 from poison_pipeline.domain.errors import Classifier, ErrorInfo, HandlerTimeout, describe
@@ -22,26 +21,14 @@ from poison_pipeline.domain.routing import Outcome
 Handler = Callable[[Message], Any]
 
 
-@dataclass(frozen=True)
-class AttemptRecord:
+class AttemptRecord(NamedTuple):
+    """One attempt as the attempts ledger keeps it; `started_us` is microseconds since the epoch."""
+
     attempt: int
-    started_at: datetime
+    started_us: int
     duration_ms: float
     outcome: str
     error: ErrorInfo | None
-
-    def as_row(self) -> dict[str, Any]:
-        error = self.error
-        return {
-            "attempt": self.attempt,
-            "started_at": self.started_at,
-            "duration_ms": self.duration_ms,
-            "outcome": self.outcome,
-            "error_type": error.type if error else None,
-            "error_message": error.message if error else None,
-            "error_stack": error.stack if error else None,
-            "error_signature": error.signature if error else None,
-        }
 
 
 def _timed_out(seconds: float) -> HandlerTimeout:
@@ -77,18 +64,12 @@ def call_with_timeout(handler: Handler, message: Message, seconds: float | None)
         pool.shutdown(wait=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Delivery:
     outcome: Outcome
     attempts: list[AttemptRecord]
-
-    @property
-    def failures(self) -> int:
-        return sum(1 for a in self.attempts if a.outcome != "success")
-
-    @property
-    def last_error(self) -> ErrorInfo | None:
-        return next((a.error for a in reversed(self.attempts) if a.error), None)
+    failures: int
+    last_error: ErrorInfo | None
 
 
 def deliver(
@@ -100,19 +81,18 @@ def deliver(
 ) -> Delivery:
     """Up to `max_attempts` attempts; stop at the first success or unrecoverable error."""
     records: list[AttemptRecord] = []
+    error_info: ErrorInfo | None = None
     for attempt in range(1, max_attempts + 1):
-        started, clock = datetime.now(UTC), time.perf_counter()
+        started, clock = time.time_ns() // 1000, time.perf_counter()
         try:
             call_with_timeout(handler, make_message(attempt), timeout)
         except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
-            info = describe(error)
+            error_info = describe(error)
             outcome = "timeout" if isinstance(error, HandlerTimeout) else "abort"
-            records.append(
-                AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, outcome, info)
-            )
-            if classifier.unrecoverable(error, info):
-                return Delivery(Outcome.UNRECOVERABLE, records)
+            records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, outcome, error_info))
+            if classifier.unrecoverable(error, error_info):
+                return Delivery(Outcome.UNRECOVERABLE, records, len(records), error_info)
             continue
         records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, "success", None))
-        return Delivery(Outcome.SUCCEEDED, records)
-    return Delivery(Outcome.EXHAUSTED, records)
+        return Delivery(Outcome.SUCCEEDED, records, len(records) - 1, error_info)
+    return Delivery(Outcome.EXHAUSTED, records, len(records), error_info)

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from poison_pipeline.domain.declaration import Declaration
@@ -25,6 +25,9 @@ from poison_pipeline.storage import schemas
 ATTEMPTS = "attempts"
 EVENTS = "events"
 NOTIFICATIONS = "notifications"
+# delta-rs would write a million-row append as one row group, and Spark cannot split a row group:
+# the whole batch would be one task on one core. Smaller groups let a cycle use every core.
+_WRITER = WriterProperties(max_row_group_size=65_536)
 
 
 def schema_of(table: str) -> pa.Schema:
@@ -130,6 +133,7 @@ class QueueTables:
             mode="append",
             partition_by=schemas.PARTITIONS.get(table),
             commit_properties=properties,
+            writer_properties=_WRITER,
         )
         return True
 
