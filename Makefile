@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test ui bench lint java clean
+.PHONY: demo test ui bench lint java browser clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=/path/to/python3.11)")'
@@ -16,10 +16,14 @@ $(STAMP): pyproject.toml
 java:
 	@bash tools/check_java.sh
 
+# Headless Chromium and chromedriver for the end-to-end test of the Dagster UI (Debian packages).
+browser:
+	@bash tools/install_browser.sh
+
 demo: java $(STAMP)
 	$(BIN)/python -m poison_pipeline.demo
 
-test: java $(STAMP)
+test: java browser $(STAMP)
 	$(BIN)/ruff check poison_pipeline poison_pipeline_tests benchmarks
 	$(BIN)/pytest -q
 

@@ -20,12 +20,20 @@ from pathlib import Path
 
 from deltalake.exceptions import DeltaError
 
+from poison_pipeline.domain.conversation_errors import ConversationError
 from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, DeclarationError, load_declaration
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.domain.policy import Policy
 from poison_pipeline.ops.inspect import format_inspection, inspect_message
 from poison_pipeline.ops.status import format_status, format_time, queue_status
 from poison_pipeline.storage.control import queue_state, set_enabled
+from poison_pipeline.storage.conversations import (
+    CONVERSATION_ENDED,
+    EndResult,
+    check_end_request,
+    conversation_queues,
+    end_conversation,
+)
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 
@@ -209,11 +217,67 @@ def _enable(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _end_conversation(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    queues = [args.queue] if args.queue is not None else list(declaration.queues)
+    try:
+        for queue in queues:
+            check_end_request(declaration, queue, args.conversation_id, args.code, args.description, args.actor)
+    except ConversationError as error:
+        raise UsageError(str(error)) from None
+    if args.queue is None:
+        queues = conversation_queues(declaration, args.conversation_id)
+        if not queues:
+            print(f"{PROG} end-conversation: conversation {args.conversation_id!r} has no messages, ledger "
+                  f"rows or recorded end in queues {', '.join(declaration.queues)}; name a queue with "
+                  "--queue to end it there anyway", file=sys.stderr)
+            return EXIT_INCOMPLETE
+    now = datetime.now(UTC)
+    results = [end_conversation(declaration, queue, args.conversation_id, args.code, args.description,
+                                args.actor, now) for queue in queues]
+    if args.json:
+        _print_json([{**asdict(r), "kind": r.kind, "removed_total": r.removed_total} for r in results])
+    else:
+        print("\n".join(_format_end(r, args.code, args.description) for r in results))
+    failed = [r for r in results if r.hook_error is not None]
+    for result in failed:
+        print(f"{PROG} end-conversation: error: queue {result.queue!r}: clean-up hook {result.hook} failed: "
+              f"{result.hook_error}; the conversation is ended, run the command again to retry the hook",
+              file=sys.stderr)
+    return EXIT_INCOMPLETE if failed else EXIT_OK
+
+
+def _format_end(result: EndResult, code: int, description: str) -> str:
+    what = f"with code {result.code} ({result.kind}): {result.description}"
+    if result.already_ended:
+        head = (f"conversation {result.conversation_id!r} in queue {result.queue!r}: already ended at "
+                f"{format_time(result.ended_at)} by {result.actor} {what}; not recorded again")
+    else:
+        head = f"conversation {result.conversation_id!r} in queue {result.queue!r}: ended by {result.actor} {what}"
+    lines = [head]
+    if result.already_ended and (code, description) != (result.code, result.description):
+        lines.append(f"  note: code {code} and description {description!r} given now are not recorded; "
+                     "the first end stands")
+    moved = ", ".join(f"{table} {count}" for table, count in result.removed.items())
+    lines.append(f"  moved to dead_letter (reason {CONVERSATION_ENDED}): {moved} ({result.removed_total} in all)")
+    lines.append(f"  notified: {', '.join(result.notified)} (conversation_error)" if result.notified
+                 else "  notified: nobody new (no sender known, or all told before)")
+    if result.hook is None:
+        lines.append("  clean-up hook: none declared (on_conversation_end)")
+    elif result.hook_error is not None:
+        lines.append(f"  clean-up hook {result.hook}: FAILED: {result.hook_error}")
+    else:
+        state = "ran" if result.hook_ran else "already ran; not run again"
+        lines.append(f"  clean-up hook {result.hook}: {state}")
+    return "\n".join(lines)
+
+
 _EXIT_CODES = """exit codes:
   0  success
-  1  the command ran but not everything went through (refused lines, message not found,
-     storage failure)
-  2  usage or configuration error (unknown queue, missing file, invalid declaration)"""
+  1  the command ran but not everything went through (refused lines, message or
+     conversation not found, a clean-up hook failed, storage failure)
+  2  usage or configuration error (unknown queue, missing file, invalid declaration,
+     invalid error code or description)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Operate poison_pipeline queues: enqueue messages, see their status, inspect a "
-                    "message, re-enable a disabled queue.",
+                    "message, end a conversation with an error, re-enable a disabled queue.",
         epilog=_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -259,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "status", "counts, oldest age and due messages per queue and table; enabled or disabled",
         "For each queue: ENABLED or DISABLED (with reason, who and since when), then per table\n"
         "(inbound, retry_k, poison, dead_letter, quarantine, processed, attempts) its rows, the\n"
-        "age of its oldest row and, for waiting tables, how many are due and when the next is.\n"
+        "age of its oldest row and, for waiting tables, how many are due and when the next is;\n"
+        "then how many conversations were ended with an error (end-conversation), if any.\n"
         "Reads the Delta logs only (plus one narrow column where a file mixes reasons or\n"
         "dispositions); changes nothing.",
         _status,
@@ -292,6 +357,36 @@ def build_parser() -> argparse.ArgumentParser:
                      help="why it is being enabled (recorded); default: %(default)r")
     sub.add_argument("--actor", metavar="NAME", default=_default_actor(),
                      help="who is enabling it (recorded); default: your login name")
+
+    sub = command(
+        "end-conversation", "end a conversation with an error: its messages leave every queue",
+        "End conversation ID with an error (Service Broker's END CONVERSATION WITH ERROR):\n"
+        "- the end is recorded in the queue's conversations table (code, description, who, when)\n"
+        "  and as a conversation_ended event;\n"
+        "- every message of it waiting in inbound, a retry subqueue or poison is moved to\n"
+        "  dead_letter with reason conversation_ended and the table it came from;\n"
+        "- each sender of those messages gets one conversation_error notification carrying the\n"
+        "  code and description;\n"
+        "- the queue's on_conversation_end hook runs once, so the application can drop the state\n"
+        "  it kept for the conversation.\n"
+        "Without --queue, every queue where the conversation has messages, ledger rows or a\n"
+        "recorded end. Safe to run twice: a conversation already ended is not recorded again\n"
+        "(the first code and description stand), messages that arrived since are moved, and\n"
+        "unfinished steps (after a crash, or a failed hook) are completed.",
+        _end_conversation,
+    )
+    sub.add_argument("conversation_id", metavar="ID", help="the conversation_id of the messages")
+    sub.add_argument("--code", type=int, required=True, metavar="N",
+                     help="error code, non-zero: positive for an application error, negative for a "
+                          "system error (e.g. -8489 lifetime expired)")
+    sub.add_argument("--description", required=True, metavar="TEXT",
+                     help="what went wrong, sent to the senders (non-empty, at most 3000 characters)")
+    sub.add_argument("--queue", "-q", metavar="QUEUE", default=None,
+                     help="only this queue, even where the conversation has no messages (default: every "
+                          "queue where it has messages, ledger rows or a recorded end)")
+    sub.add_argument("--actor", metavar="NAME", default=_default_actor(),
+                     help="who is ending it (recorded); default: your login name")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
 
 

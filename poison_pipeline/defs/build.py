@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dagster import Definitions, in_process_executor
 
+from poison_pipeline.defs.alerts import queue_disabled_job, queue_disabled_sensor
 from poison_pipeline.defs.assets import queue_assets
 from poison_pipeline.defs.jobs import cycle_job
 from poison_pipeline.defs.resources import SparkResource
@@ -19,6 +20,8 @@ def build_definitions(declaration: Declaration) -> Definitions:
         for table in QueueTables.of(declaration, queue).waiting:
             jobs.append(cycle_job(queue, table))
             sensors.append(waiting_sensor(declaration, queue, table))
+        jobs.append(queue_disabled_job(declaration, queue))
+        sensors.append(queue_disabled_sensor(declaration, queue))
     return Definitions(
         assets=assets,
         jobs=jobs,

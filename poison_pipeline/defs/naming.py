@@ -5,6 +5,10 @@ from __future__ import annotations
 from dagster import AssetKey
 
 QUEUE_TAG = "poison_pipeline/queue"
+# Alert runs name their queue under a tag of their own: dagster.yaml limits runs per value of
+# QUEUE_TAG, and an alert must neither wait behind that queue's cycles nor hold one back.
+ALERT_TAG = "poison_pipeline/alert_queue"
+EVENT_TAG = "poison_pipeline/event_id"
 
 
 def asset_key(queue: str, table: str) -> AssetKey:
@@ -17,3 +21,11 @@ def job_name(queue: str, table: str) -> str:
 
 def sensor_name(queue: str, table: str) -> str:
     return f"{queue}__{table}_sensor"
+
+
+def alert_job_name(queue: str) -> str:
+    return f"{queue}__queue_disabled_alert"
+
+
+def alert_sensor_name(queue: str) -> str:
+    return f"{queue}__queue_disabled_sensor"

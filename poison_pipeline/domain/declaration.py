@@ -50,11 +50,21 @@ class QueueDeclaration(BaseModel):
     handler: str
     policy: Policy = Field(default_factory=Policy)
     poison_queue: PoisonQueuePolicy = Field(default_factory=PoisonQueuePolicy)
+    # Called once per ended conversation so the application can drop the state it kept for it:
+    # hook(conversation_id=..., code=..., description=..., queue=...).
+    on_conversation_end: str | None = None
 
     @field_validator("handler")
     @classmethod
     def _import_path(cls, value: str) -> str:
         import_callable(value)
+        return value
+
+    @field_validator("on_conversation_end")
+    @classmethod
+    def _hook_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            import_callable(value)
         return value
 
 
@@ -65,6 +75,15 @@ class Declaration(BaseModel):
     storage_options: dict[str, str] = Field(default_factory=dict)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     queues: dict[str, QueueDeclaration]
+    # Called with a QueueEvent when a queue is disabled: where a user points mail or chat.
+    alert_hook: str | None = None
+
+    @field_validator("alert_hook")
+    @classmethod
+    def _alert_hook_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            import_callable(value)
+        return value
 
     @field_validator("queues")
     @classmethod

@@ -109,8 +109,6 @@ class _Changes:
             "entered_at": pc.if_else(moved, now, batch.column("entered_at")),
             "due_at": pc.if_else(pc.or_(moved, stay), due, batch.column("due_at")),
             "batch_id": pc.if_else(processed, batch.column("batch_id"), pa.scalar(spec.out_batch)),
-            # The processed ledger keeps no bodies.
-            "body": pc.if_else(processed, pa.scalar(None, pa.binary()), batch.column("body")),
         }
         for name, attribute in _ERROR_COLUMNS.items():
             new = pa.array([getattr(e, attribute) if e is not None else None for e in self.errors], pa.string())
@@ -119,7 +117,14 @@ class _Changes:
         columns["disposition"] = pa.array([r.disposition.value for r in self.routes], pa.string())
         columns["reason"] = pa.array([r.reason for r in self.routes], pa.string())
         columns["attempts"] = self._attempts()
-        arrays = [columns[f.name] if f.name in columns else batch.column(f.name) for f in schemas.RESULT]
+        arrays = []
+        for f in schemas.RESULT:
+            array = columns[f.name] if f.name in columns else batch.column(f.name)
+            if f.name not in _LEDGER_COLUMNS:
+                # The processed ledger keeps only ids and counts: blanking the rest (bodies above all)
+                # for the bulk of the messages keeps the staged data small.
+                array = pc.if_else(processed, pa.scalar(None, f.type), array)
+            arrays.append(array)
         return pa.RecordBatch.from_arrays(arrays, schema=schemas.RESULT)
 
     def _attempts(self) -> pa.Array:
@@ -138,6 +143,7 @@ class _Changes:
 
 
 _NAIVE = pa.timestamp("us")
+_LEDGER_COLUMNS = frozenset(schemas.PROCESSED.names) | {"destination", "disposition", "reason", "attempts"}
 _ERROR_COLUMNS = {
     "last_error_type": "type",
     "last_error_message": "message",

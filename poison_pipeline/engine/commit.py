@@ -19,11 +19,9 @@ from poison_pipeline.storage.control import QUEUE_DISABLED, event_row
 from poison_pipeline.storage.journal import JournalEntry
 from poison_pipeline.storage.tables import ATTEMPTS, EVENTS, NOTIFICATIONS, QueueTables
 
-_PARTITIONING = pads.partitioning(pa.schema([("destination", pa.string())]), flavor="hive")
-
 
 def _staged(entry: JournalEntry) -> pads.Dataset:
-    return pads.dataset(entry.staging, format="parquet", partitioning=_PARTITIONING)
+    return pads.dataset(entry.staging, format="parquet")
 
 
 def _with(rows: pa.Table, schema: pa.Schema, **constants: object) -> pa.Table:

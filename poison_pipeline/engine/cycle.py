@@ -101,7 +101,7 @@ def run_cycle(
         losers=duplicates.losers,
     )
     results = batch.mapInArrow(Processor(spec), from_arrow_schema(schemas.RESULT))
-    results.write.mode("overwrite").partitionBy("destination").parquet(entry.staging)
+    results.write.mode("overwrite").parquet(entry.staging)
     entry.state = "staged"
     write_entry(_journal(tables, table), entry)
     report.seq = seq

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.storage.control import queue_state
-from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
+from poison_pipeline.storage.tables import ATTEMPTS, CONVERSATIONS, QueueTables
 
 WAITING = "waiting"
 TERMINAL = "terminal"
@@ -55,6 +55,8 @@ class QueueStatus:
     actor: str | None
     since: datetime | None
     tables: tuple[TableStatus, ...]
+    # Conversations ended with an error (`end-conversation`), from the Delta log's row count.
+    ended_conversations: int = 0
 
     def table(self, name: str) -> TableStatus:
         for status in self.tables:
@@ -72,7 +74,9 @@ def queue_status(declaration: Declaration, queue: str, now: datetime) -> QueueSt
         *(_terminal(tables, table, now) for table in (DEAD_LETTER, QUARANTINE, PROCESSED)),
         _attempts(tables, now),
     ]
-    return QueueStatus(queue, now, state.enabled, state.reason, state.actor, state.since, tuple(statuses))
+    ended = tables.stats(CONVERSATIONS, now).rows if tables.exists(CONVERSATIONS) else 0
+    return QueueStatus(queue, now, state.enabled, state.reason, state.actor, state.since, tuple(statuses),
+                       ended)
 
 
 def _age(now: datetime, oldest: datetime | None) -> float | None:
@@ -208,6 +212,14 @@ def _row(t: TableStatus) -> tuple[str, ...]:
 def format_status(statuses: Sequence[QueueStatus]) -> str:
     """A table per queue, for people; `--json` gives the same data for programs."""
     return "\n\n".join(
-        "\n".join([_state_line(s), *("  " + line for line in _aligned([_HEADER, *map(_row, s.tables)]))])
+        "\n".join([_state_line(s), *("  " + line for line in _aligned([_HEADER, *map(_row, s.tables)])),
+                   *_ended_line(s)])
         for s in statuses
     )
+
+
+def _ended_line(status: QueueStatus) -> list[str]:
+    if not status.ended_conversations:
+        return []
+    return [f"  conversations ended with an error: {status.ended_conversations}"
+            " (their messages are in dead_letter, reason conversation_ended)"]

@@ -119,6 +119,19 @@ NOTIFICATIONS = pa.schema(
     ]
 )
 
+# Conversations ended with an error (Service Broker's END CONVERSATION WITH ERROR): one row per
+# conversation, read by the engine to dead-letter messages of it that arrive later.
+CONVERSATIONS = pa.schema(
+    [
+        pa.field("conversation_id", pa.string()),
+        pa.field("state", pa.string()),
+        pa.field("code", pa.int64()),
+        pa.field("description", pa.string()),
+        pa.field("actor", pa.string()),
+        pa.field("at", TS),
+    ]
+)
+
 # What the Spark batch returns per message: the message with its new counts, where it goes and why,
 # and every attempt it made in this cycle.
 RESULT = pa.schema(

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
@@ -25,6 +26,7 @@ from poison_pipeline.storage import schemas
 ATTEMPTS = "attempts"
 EVENTS = "events"
 NOTIFICATIONS = "notifications"
+CONVERSATIONS = "conversations"
 # delta-rs would write a million-row append as one row group, and Spark cannot split a row group:
 # the whole batch would be one task on one core. Smaller groups let a cycle use every core.
 _WRITER = WriterProperties(max_row_group_size=65_536)
@@ -40,12 +42,17 @@ def schema_of(table: str) -> pa.Schema:
         ATTEMPTS: schemas.ATTEMPTS,
         EVENTS: schemas.EVENTS,
         NOTIFICATIONS: schemas.NOTIFICATIONS,
+        CONVERSATIONS: schemas.CONVERSATIONS,
     }[table]
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 # The column that says when a row arrived in each table: the age of its oldest entry.
 _ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at",
-            ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at"}
+            ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at", CONVERSATIONS: "at"}
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,8 @@ class QueueTables:
 
     @property
     def all_tables(self) -> tuple[str, ...]:
-        return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS)
+        return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
+                CONVERSATIONS)
 
     def uri(self, table: str) -> str:
         return f"{self.lake_root}/{self.queue}/{table}"
@@ -124,7 +132,9 @@ class QueueTables:
         target = self.open(table)
         properties = None
         if app_id is not None:
-            if (target.transaction_version(app_id) or -1) >= version:
+            # `or -1` would read a committed version 0 as "never committed".
+            committed = target.transaction_version(app_id)
+            if committed is not None and committed >= version:
                 return False
             properties = CommitProperties(app_transactions=[Transaction(app_id, version)])
         write_deltalake(
@@ -144,6 +154,29 @@ class QueueTables:
             return
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
         self.open(table).delete(f"batch_id IN ({quoted})")
+
+    def replace_batches(self, table: str, batch_ids: Iterable[str | None], keep: pads.Expression,
+                        snapshot: DeltaTable | None = None) -> None:
+        """Rewrite whole batches in one commit, keeping only their rows that match `keep`.
+
+        delta-rs's delete writes a partly deleted file back with string_view columns, which pyarrow
+        cannot filter on (delta-rs issue 4579): a later filtered read of the table would fail. The
+        kept rows are streamed and written here instead, as plain strings, and a batch still sits
+        in files of its own. Given the `snapshot` the caller read the batches from, the commit fails
+        if another one removed them since (a cycle that took them) instead of silently doing nothing.
+        """
+        ids = set(batch_ids)
+        named = sorted(i for i in ids if i is not None)
+        clauses = [f"batch_id IN ({', '.join(_quoted(i) for i in named)})"] if named else []
+        within = pads.field("batch_id").isin(named)
+        if None in ids:
+            clauses.append("batch_id IS NULL")
+            within = within | pads.field("batch_id").is_null()
+        if not clauses:
+            return
+        target = snapshot if snapshot is not None else self.open(table)
+        kept = target.to_pyarrow_dataset().scanner(filter=within & keep).to_reader()
+        write_deltalake(target, kept, mode="overwrite", predicate=" OR ".join(clauses), writer_properties=_WRITER)
 
     def stats(self, table: str, now: datetime) -> TableStats:
         """Rows, oldest entry and due batches of a table, from the Delta log's file statistics."""

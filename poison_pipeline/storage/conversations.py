@@ -1,0 +1,349 @@
+"""Ending a conversation with an error (SPEC section 7; Service Broker's END CONVERSATION WITH ERROR).
+
+Every step can be repeated, so running it again after a crash anywhere finishes the job and
+duplicates nothing:
+
+1. the end is recorded once in the queue's `conversations` table (an app transaction per
+   conversation guards against two operators recording it at once);
+2. a `conversation_ended` event says who, when and why (its event id is derived from the
+   conversation, so it is written once);
+3. per waiting table, the conversation's messages are appended to `dead_letter` under an app
+   transaction versioned by the source table's version that was read, and only then removed from
+   the source (its batches rewritten without them, in one commit): a replay before the removal
+   skips the append, and a replay after the source changed appends only the rows not in
+   `dead_letter` yet;
+4. every sender of those messages gets one `conversation_error` notification (derived id);
+5. the declared clean-up hook runs, then a `conversation_cleanup` event records that it did. A crash
+   between the two runs the hook again on the next call: hooks run at least once, so they should
+   be safe to repeat.
+
+Only delta-rs and pyarrow are used: no Spark session is needed to end a conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+from deltalake import DeltaTable
+
+from poison_pipeline.domain.conversation_errors import (
+    MAX_DESCRIPTION,
+    ConversationError,
+    check_code,
+    check_text,
+    describe_code,
+)
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.imports import import_callable
+from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.control import event_row
+from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
+
+ENDED = "ended"
+# The dead-letter reason of the messages removed and the event kind of the end itself.
+CONVERSATION_ENDED = "conversation_ended"
+CONVERSATION_ERROR = "conversation_error"
+CONVERSATION_CLEANUP = "conversation_cleanup"
+CONVERSATION_CLEANUP_FAILED = "conversation_cleanup_failed"
+
+
+@dataclass(frozen=True)
+class EndRecord:
+    """The recorded end of a conversation: the first call's code, description, actor and time."""
+
+    conversation_id: str
+    code: int
+    description: str
+    actor: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class EndResult:
+    queue: str
+    conversation_id: str
+    # True when an earlier call recorded the end; code, description, actor and ended_at are then
+    # the recorded ones, not this call's.
+    already_ended: bool
+    code: int
+    description: str
+    actor: str
+    ended_at: datetime
+    # Messages this call moved to dead_letter, per waiting table (every waiting table is listed).
+    removed: dict[str, int] = field(default_factory=dict)
+    # Senders this call notified; those notified by an earlier call are not repeated.
+    notified: tuple[str, ...] = ()
+    hook: str | None = None
+    hook_ran: bool = False
+    hook_ran_before: bool = False
+    hook_error: str | None = None
+
+    @property
+    def removed_total(self) -> int:
+        return sum(self.removed.values())
+
+    @property
+    def kind(self) -> str:
+        return describe_code(self.code)
+
+
+def end_conversation(
+    declaration: Declaration,
+    queue: str,
+    conversation_id: str,
+    code: int,
+    description: str,
+    actor: str,
+    now: datetime | None = None,
+) -> EndResult:
+    """End `conversation_id` in `queue` with an error; safe to call again (see the module doc).
+
+    Raises ConversationError for an invalid request, before anything is written. A failing clean-up
+    hook does not raise: the result carries `hook_error`, and the next call retries the hook.
+    """
+    check_end_request(declaration, queue, conversation_id, code, description, actor)
+    now = now or datetime.now(UTC)
+    tables = QueueTables.of(declaration, queue)
+    tables.ensure()
+    record, already = _record_end(tables, EndRecord(conversation_id, code, description, actor, now))
+    _event_once(tables, _id("evt", CONVERSATION_ENDED, queue, conversation_id), CONVERSATION_ENDED,
+                record.at, record.actor, _ended_reason(record))
+    removed = {table: _move_to_dead_letter(tables, table, conversation_id, now) for table in tables.waiting}
+    notified = _notify_senders(tables, record, now)
+    hook = declaration.queue(queue).on_conversation_end
+    ran, ran_before, error = _clean_up(tables, hook, record, actor, now)
+    return EndResult(queue, conversation_id, already, record.code, record.description, record.actor,
+                     record.at, removed, notified, hook, ran, ran_before, error)
+
+
+def check_end_request(declaration: Declaration, queue: str, conversation_id: str, code: int,
+                      description: str, actor: str) -> None:
+    """Raise ConversationError naming the first thing wrong with a request to end a conversation."""
+    if queue not in declaration.queues:
+        raise ConversationError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
+    check_text("conversation_id", conversation_id)
+    check_code(code)
+    check_text("description", description, MAX_DESCRIPTION)
+    check_text("actor", actor)
+
+
+def ended_conversations(source: Declaration | QueueTables, queue: str | None = None) -> dict[str, tuple[int, str]]:
+    """conversation_id -> (code, description) of every conversation ended in a queue.
+
+    Reads five narrow columns of one small table (one row per ended conversation), so a cycle can
+    afford it to dead-letter messages of an ended conversation that arrive later.
+    """
+    tables = _tables(source, queue)
+    if not tables.exists(CONVERSATIONS):
+        return {}
+    columns = ["conversation_id", "state", "code", "description", "at"]
+    rows = tables.open(CONVERSATIONS).to_pyarrow_table(columns=columns)
+    rows = rows.filter(pc.equal(rows["state"], ENDED)).sort_by([("at", "descending")])
+    # Sorted newest first so the earliest record of a conversation is the one kept.
+    return {r["conversation_id"]: (r["code"], r["description"]) for r in rows.to_pylist()}
+
+
+def conversation_queues(declaration: Declaration, conversation_id: str) -> list[str]:
+    """The queues where the conversation has waiting or dead-lettered messages, ledger rows or an
+    end on record; the file statistics let the filtered reads skip most files."""
+    found = []
+    for queue in declaration.queues:
+        tables = QueueTables.of(declaration, queue)
+        for table in (*tables.waiting, DEAD_LETTER, PROCESSED, CONVERSATIONS):
+            if tables.exists(table) and _any_row(tables.open(table), conversation_id):
+                found.append(queue)
+                break
+    return found
+
+
+def _tables(source: Declaration | QueueTables, queue: str | None) -> QueueTables:
+    if isinstance(source, QueueTables):
+        if queue is not None and queue != source.queue:
+            raise ValueError(f"queue {queue!r} given with the tables of queue {source.queue!r}")
+        return source
+    if queue is None:
+        raise ValueError("name the queue: ended_conversations(declaration, queue)")
+    return QueueTables.of(source, queue)
+
+
+def _any_row(target: DeltaTable, conversation_id: str) -> bool:
+    dataset = target.to_pyarrow_dataset()
+    found = dataset.head(1, columns=["conversation_id"], filter=pads.field("conversation_id") == conversation_id)
+    return bool(found.num_rows)
+
+
+def _id(prefix: str, kind: str, *parts: str) -> str:
+    # Conversation ids and senders are free text: a digest gives short ids with no separators in them.
+    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
+    return f"{prefix}-{kind}-{digest}"
+
+
+def _app_id(tables: QueueTables, purpose: str, conversation_id: str, table: str | None = None) -> str:
+    return f"poison_pipeline/{tables.queue}/{_id(purpose, 'conversation', conversation_id)}" + (
+        f"/{table}" if table else "")
+
+
+def _ended_reason(record: EndRecord) -> str:
+    return (f"conversation {record.conversation_id!r} ended with error {record.code} "
+            f"({describe_code(record.code)}): {record.description}")
+
+
+def _recorded(tables: QueueTables, conversation_id: str) -> EndRecord | None:
+    dataset = tables.open(CONVERSATIONS).to_pyarrow_dataset()
+    rows = dataset.to_table(
+        filter=(pads.field("conversation_id") == conversation_id) & (pads.field("state") == ENDED)
+    ).sort_by([("at", "ascending")]).to_pylist()
+    if not rows:
+        return None
+    first = rows[0]
+    return EndRecord(conversation_id, first["code"], first["description"], first["actor"], first["at"])
+
+
+def _record_end(tables: QueueTables, wanted: EndRecord) -> tuple[EndRecord, bool]:
+    """The recorded end, and whether it was recorded before this call."""
+    existing = _recorded(tables, wanted.conversation_id)
+    if existing is not None:
+        return existing, True
+    row = {"conversation_id": wanted.conversation_id, "state": ENDED, "code": wanted.code,
+           "description": wanted.description, "actor": wanted.actor, "at": wanted.at}
+    data = pa.Table.from_pylist([row], schema=schemas.CONVERSATIONS)
+    if tables.append(CONVERSATIONS, data, app_id=_app_id(tables, "end", wanted.conversation_id), version=1):
+        return wanted, False
+    # Another call recorded it between our read and our append: theirs is the end.
+    existing = _recorded(tables, wanted.conversation_id)
+    return (existing or wanted), True
+
+
+def _event_once(tables: QueueTables, event_id: str, kind: str, at: datetime, actor: str, reason: str) -> bool:
+    if _has_event(tables, event_id):
+        return False
+    row = {**event_row(kind, at, actor, reason), "event_id": event_id}
+    tables.append(EVENTS, pa.Table.from_pylist([row], schema=schemas.EVENTS))
+    return True
+
+
+def _has_event(tables: QueueTables, event_id: str) -> bool:
+    dataset = tables.open(EVENTS).to_pyarrow_dataset()
+    return bool(dataset.head(1, columns=["event_id"], filter=pads.field("event_id") == event_id).num_rows)
+
+
+def _as_dead_letter(rows: pa.Table, from_table: str, now: datetime) -> pa.Table:
+    constants: dict[str, Any] = {"reason": CONVERSATION_ENDED, "from_table": from_table, "dead_lettered_at": now}
+    columns = [
+        pa.array([constants[f.name]] * rows.num_rows, type=f.type) if f.name in constants
+        else rows.column(f.name).cast(f.type)
+        for f in schemas.DEAD_LETTER
+    ]
+    return pa.Table.from_arrays(columns, schema=schemas.DEAD_LETTER)
+
+
+def _already_moved(tables: QueueTables, conversation_id: str, from_table: str) -> set[tuple[str, str | None]]:
+    """(message_id, batch_id) of the rows an earlier call moved from `from_table`: a batch id names
+    one stay of a message in a waiting table, so a message redriven since is not mistaken for one."""
+    dataset = tables.open(DEAD_LETTER).to_pyarrow_dataset()
+    rows = dataset.to_table(
+        columns=["message_id", "batch_id"],
+        filter=(pads.field("conversation_id") == conversation_id)
+        & (pads.field("reason") == CONVERSATION_ENDED)
+        & (pads.field("from_table") == from_table),
+    )
+    return set(zip(rows["message_id"].to_pylist(), rows["batch_id"].to_pylist(), strict=True))
+
+
+def _move_to_dead_letter(tables: QueueTables, table: str, conversation_id: str, now: datetime) -> int:
+    """Append the conversation's messages waiting in `table` to dead_letter, then remove them there."""
+    source = tables.open(table)
+    version = source.version()
+    rows = source.to_pyarrow_dataset().to_table(filter=pads.field("conversation_id") == conversation_id)
+    if rows.num_rows == 0:
+        return 0
+    app_id = _app_id(tables, "end", conversation_id, table)
+    committed = tables.open(DEAD_LETTER).transaction_version(app_id)
+    # The same source version was read and appended before (a crash before the removal): skip.
+    if committed is None or committed < version:
+        pending = rows
+        if committed is not None:
+            # The source changed since an earlier append of this conversation: new arrivals join
+            # rows that may already be in dead_letter; append only the new ones.
+            moved = _already_moved(tables, conversation_id, table)
+            keys = zip(rows["message_id"].to_pylist(), rows["batch_id"].to_pylist(), strict=True)
+            pending = rows.filter(pa.array([key not in moved for key in keys], pa.bool_()))
+        if pending.num_rows:
+            tables.append(DEAD_LETTER, _as_dead_letter(pending, table, now), app_id=app_id, version=version)
+    _delete_moved(tables, table, source, conversation_id, rows["batch_id"].to_pylist())
+    return rows.num_rows
+
+
+def _delete_moved(tables: QueueTables, table: str, source: DeltaTable, conversation_id: str,
+                  batch_ids: list[str | None]) -> None:
+    # Only the batches that were read: a message of this conversation enqueued meanwhile is in a new
+    # batch, was not appended to dead_letter, and must stay until the next call. The snapshot they
+    # were read from makes a cycle that took those batches meanwhile fail this commit loudly.
+    other = (pads.field("conversation_id") != conversation_id) | pads.field("conversation_id").is_null()
+    tables.replace_batches(table, batch_ids, keep=other, snapshot=source)
+
+
+def _notify_senders(tables: QueueTables, record: EndRecord, now: datetime) -> tuple[str, ...]:
+    """One conversation_error notification per sender of a message the end removed."""
+    dead_letter = tables.open(DEAD_LETTER)
+    # Senders come from dead_letter, not from this call's moves: after a crash that followed the
+    # moves, the messages are no longer in the waiting tables but their senders still need telling.
+    rows = dead_letter.to_pyarrow_dataset().to_table(
+        columns=["sender"],
+        filter=(pads.field("conversation_id") == record.conversation_id)
+        & (pads.field("reason") == CONVERSATION_ENDED)
+        & pads.field("sender").is_valid(),
+    )
+    senders = sorted(set(rows["sender"].to_pylist()))
+    if not senders:
+        return ()
+    ids = {s: _id("ntf", CONVERSATION_ERROR, tables.queue, record.conversation_id, s) for s in senders}
+    written = tables.open(NOTIFICATIONS).to_pyarrow_dataset().to_table(
+        columns=["notification_id"], filter=pads.field("notification_id").isin(list(ids.values())))
+    done = set(written["notification_id"].to_pylist())
+    new = [s for s in senders if ids[s] not in done]
+    if not new:
+        return ()
+    data = pa.Table.from_pylist([
+        {"notification_id": ids[s], "recipient": s, "kind": CONVERSATION_ERROR, "message_id": None,
+         "conversation_id": record.conversation_id, "code": record.code, "description": record.description,
+         "at": now}
+        for s in new
+    ], schema=schemas.NOTIFICATIONS)
+    app_id = _app_id(tables, "notify", record.conversation_id)
+    if not tables.append(NOTIFICATIONS, data, app_id=app_id, version=dead_letter.version()):
+        return ()  # another call wrote them from the same dead_letter version
+    return tuple(new)
+
+
+def _clean_up(tables: QueueTables, hook: str | None, record: EndRecord, actor: str,
+              now: datetime) -> tuple[bool, bool, str | None]:
+    """Run the clean-up hook unless it already ran: (ran now, ran before, error)."""
+    if hook is None:
+        return False, False, None
+    event_id = _id("evt", CONVERSATION_CLEANUP, tables.queue, record.conversation_id)
+    if _has_event(tables, event_id):
+        return False, True, None
+    try:
+        function = import_callable(hook)
+        function(conversation_id=record.conversation_id, code=record.code, description=record.description,
+                 queue=tables.queue)
+    except Exception as error:  # the application's code: whatever it raises is reported, not raised
+        problem = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
+        problem += f": {error}"
+        row = event_row(CONVERSATION_CLEANUP_FAILED, now, actor,
+                        f"clean-up hook {hook} failed for conversation {record.conversation_id!r}: {problem}")
+        tables.append(EVENTS, pa.Table.from_pylist([row], schema=schemas.EVENTS))
+        return False, False, problem
+    _event_once(tables, event_id, CONVERSATION_CLEANUP, now, actor,
+                f"clean-up hook {hook} ran for conversation {record.conversation_id!r}")
+    return True, False, None
+
