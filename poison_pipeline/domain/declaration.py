@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from poison_pipeline.domain.imports import import_callable
-from poison_pipeline.domain.policy import PoisonQueuePolicy, Policy
+from poison_pipeline.domain.policy import Ordering, PoisonQueuePolicy, Policy
+from poison_pipeline.handlers import batch_size
 
 _QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 CONFIG_ENV = "POISON_PIPELINE_CONFIG"
@@ -66,6 +67,16 @@ class QueueDeclaration(BaseModel):
         if value is not None:
             import_callable(value)
         return value
+
+    @model_validator(mode="after")
+    def _batch_handler_unordered(self) -> QueueDeclaration:
+        # A batch call cannot hold the later messages of a conversation behind a failed earlier one.
+        if self.policy.ordering is Ordering.CONVERSATION and batch_size(import_callable(self.handler)):
+            raise ValueError(
+                f"handler {self.handler} takes whole batches (@batch_handler), which cannot keep a "
+                "conversation in order: use a handler of one message with policy.ordering: conversation"
+            )
+        return self
 
 
 class Declaration(BaseModel):

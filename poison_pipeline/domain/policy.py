@@ -31,6 +31,11 @@ class Ordering(StrEnum):
     CONVERSATION = "conversation"
 
 
+class OnConversationPoison(StrEnum):
+    RETRY_WHOLE = "retry_whole"
+    END_CONVERSATION = "end_conversation"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -67,6 +72,14 @@ class Policy(_Strict):
     handler_timeout: Duration | None = None
     unrecoverable: Unrecoverable = Field(default_factory=Unrecoverable)
     ordering: Ordering = Ordering.NONE
+    # What happens to a conversation whose message reaches its final disposition: it follows that
+    # disposition as a whole (WCF sessions), or it is ended with this application error code
+    # (Service Broker option C: skipping one message would leave the exchange in an illegal state).
+    on_conversation_poison: OnConversationPoison = OnConversationPoison.RETRY_WHOLE
+    conversation_error_code: int = Field(default=1, gt=0)
+    # Service Broker disables a queue after five rollbacks in a row; here: this many messages in a
+    # row failed every attempt with a recoverable error and nothing succeeded in between. 0 = off.
+    outage_threshold: int = Field(default=5, ge=0)
     # Duplicates are detected against messages processed within this window: it bounds what a
     # cycle reads to recent history instead of all of it.
     dedup_window: Duration = timedelta(days=7)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from poison_pipeline.domain.policy import (
+    OnConversationPoison,
     PoisonQueuePolicy,
     Policy,
     ReceiveErrorHandling,
@@ -37,6 +38,9 @@ class Disposition(StrEnum):
     POISONED = "poisoned"
     QUARANTINED = "quarantined"
     FAULTED = "faulted"
+    ENDED = "ended"
+    # Returned where it was, uncharged: the cycle stopped because a dependency looked down.
+    OUTAGE = "outage"
 
 
 @dataclass(frozen=True)
@@ -90,18 +94,36 @@ def _final(handling: ReceiveErrorHandling, expired: bool) -> Route:
     return Route(POISON, Disposition.POISONED, "poisoned")
 
 
-def route_main(table: str, outcome: Outcome, policy: Policy, expired: bool) -> Route:
-    """Route a message after its cycle in the inbound queue or a retry subqueue."""
+CONVERSATION_ENDED = Route(DEAD_LETTER, Disposition.ENDED, "conversation_ended")
+OUTAGE = Route(STAY, Disposition.OUTAGE, "outage")
+
+
+def route_main(table: str, outcome: Outcome, policy: Policy, expired: bool, conversation: bool = False) -> Route:
+    """Route a message after its cycle in the inbound queue or a retry subqueue; `conversation`
+    says whether it belongs to one."""
     if outcome is Outcome.SUCCEEDED:
         return Route(PROCESSED, Disposition.PROCESSED)
     if outcome is Outcome.UNRECOVERABLE:
         if policy.unrecoverable.route is UnrecoverableRoute.QUARANTINE:
             return Route(QUARANTINE, Disposition.QUARANTINED, "unrecoverable")
-        return _final(policy.receive_error_handling, expired)
-    cycle = cycle_of(table)
-    if cycle < policy.max_retry_cycles:
-        return Route(retry_table(cycle + 1), Disposition.MOVED, "retry")
+    elif cycle_of(table) < policy.max_retry_cycles:
+        return Route(retry_table(cycle_of(table) + 1), Disposition.MOVED, "retry")
+    if conversation and policy.on_conversation_poison is OnConversationPoison.END_CONVERSATION:
+        return CONVERSATION_ENDED
     return _final(policy.receive_error_handling, expired)
+
+
+def route_held(head: Route) -> Route:
+    """A message not attempted because an earlier message of its conversation failed in this
+    cycle: it goes wherever that message goes, so the conversation stays together and in order."""
+    if head.disposition is Disposition.ENDED:
+        return head
+    return Route(head.destination, head.disposition, "held")
+
+
+def route_joined(table: str) -> Route:
+    """A message whose conversation has an earlier message waiting in `table`: it joins it there."""
+    return Route(table, Disposition.MOVED, "held")
 
 
 def route_poison(outcome: Outcome, poison: PoisonQueuePolicy, expired: bool) -> Route:
@@ -113,10 +135,13 @@ def route_poison(outcome: Outcome, poison: PoisonQueuePolicy, expired: bool) -> 
     return _final(poison.receive_error_handling, expired)
 
 
-def route_before_delivery(expired: bool, duplicate: bool) -> Route | None:
-    """Messages that are never delivered: expired ones and already-processed duplicates."""
+def route_before_delivery(expired: bool, duplicate: bool, ended: bool = False) -> Route | None:
+    """Messages that are never delivered: already-processed duplicates, messages of an ended
+    conversation, and expired ones."""
     if duplicate:
         return Route(PROCESSED, Disposition.DUPLICATE, "duplicate")
+    if ended:
+        return CONVERSATION_ENDED
     if expired:
         return Route(DEAD_LETTER, Disposition.EXPIRED, "expired")
     return None

@@ -5,28 +5,43 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from poison_pipeline.domain.envelope import Envelope, Message
-from poison_pipeline.domain.errors import Classifier, ErrorInfo
+from poison_pipeline.domain.errors import Classifier
 from poison_pipeline.domain.imports import import_callable
-from poison_pipeline.domain.policy import PoisonQueuePolicy, Policy
+from poison_pipeline.domain.outage import OutageDetector
+from poison_pipeline.domain.policy import Ordering, PoisonQueuePolicy, Policy
 from poison_pipeline.domain.routing import (
+    OUTAGE,
     POISON,
     PROCESSED,
-    STAY,
     Outcome,
     Route,
     cycle_number,
     route_before_delivery,
+    route_held,
+    route_joined,
     route_main,
     route_poison,
+    waiting_tables,
 )
-from poison_pipeline.engine.delivery import AttemptRecord, Delivery, deliver
+from poison_pipeline.engine.bisection import deliver_batch
+from poison_pipeline.engine.changes import Changes
+from poison_pipeline.engine.delivery import Delivery, deliver
+from poison_pipeline.handlers import batch_size
 from poison_pipeline.storage import schemas
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Where a conversation's earliest waiting message is, when it is not in the cycle's table."""
+
+    table: str
+    sequence_number: int | None
+    due_at: datetime
 
 
 @dataclass(frozen=True)
@@ -42,11 +57,16 @@ class CycleSpec:
     out_batch: str
     seen: frozenset[str] = frozenset()
     losers: frozenset[tuple[str, str]] = frozenset()
-    extra: dict[str, Any] = field(default_factory=dict)
+    ended: frozenset[str] = frozenset()
+    blocked: dict[str, Blocked] = field(default_factory=dict)
 
     @property
     def is_poison(self) -> bool:
         return self.table == POISON
+
+    @property
+    def ordered(self) -> bool:
+        return self.policy.ordering is Ordering.CONVERSATION
 
     @property
     def attempts_per_cycle(self) -> int:
@@ -68,160 +88,167 @@ def _timestamps(column: pa.Array) -> list[datetime | None]:
     return [None if v is None else v.replace(tzinfo=UTC) for v in column.cast(_NAIVE).to_pylist()]
 
 
-class _Changes:
-    """What the cycle changes in each message of one Arrow batch, gathered row by row; the output
-    batch is the input with only these columns replaced (SPEC section 6's count rules)."""
-
-    def __init__(self) -> None:
-        self.routes: list[Route] = []
-        self.failures: list[int] = []
-        self.errors: list[ErrorInfo | None] = []
-        self.offsets: list[int] = [0]
-        self.attempts: list[AttemptRecord] = []
-
-    def add(self, route: Route, delivery: Delivery | None) -> None:
-        self.routes.append(route)
-        if delivery is None:
-            self.failures.append(0)
-            self.errors.append(None)
-        else:
-            self.failures.append(delivery.failures)
-            self.errors.append(delivery.last_error)
-            self.attempts.extend(delivery.attempts)
-        self.offsets.append(len(self.attempts))
-
-    def apply(self, batch: pa.RecordBatch, spec: CycleSpec) -> pa.RecordBatch:
-        destinations = [r.destination for r in self.routes]
-        moved = pa.array([d.startswith("retry_") or d == POISON for d in destinations])
-        processed = pa.array([d == PROCESSED for d in destinations])
-        stay = pa.array([d == STAY for d in destinations])
-        failures = pa.array(self.failures, pa.int32())
-        now = pa.scalar(spec.now, schemas.TS)
-        # A move between queues: MSMQ counts it and starts the abort count afresh.
-        due = pa.array(
-            [spec.now + spec.policy.retry_cycle_delay if d.startswith("retry_") else spec.now for d in destinations],
-            schemas.TS,
-        )
-        columns = {
-            "abort_count": pc.if_else(moved, 0, pc.add(batch.column("abort_count"), failures)),
-            "total_abort_count": pc.add(batch.column("total_abort_count"), failures),
-            "move_count": pc.add(batch.column("move_count"), pc.cast(moved, pa.int32())),
-            "entered_at": pc.if_else(moved, now, batch.column("entered_at")),
-            "due_at": pc.if_else(pc.or_(moved, stay), due, batch.column("due_at")),
-            "batch_id": pc.if_else(processed, batch.column("batch_id"), pa.scalar(spec.out_batch)),
-        }
-        for name, attribute in _ERROR_COLUMNS.items():
-            new = pa.array([getattr(e, attribute) if e is not None else None for e in self.errors], pa.string())
-            columns[name] = pc.coalesce(new, batch.column(name))
-        columns["destination"] = pa.array(destinations, pa.string())
-        columns["disposition"] = pa.array([r.disposition.value for r in self.routes], pa.string())
-        columns["reason"] = pa.array([r.reason for r in self.routes], pa.string())
-        columns["attempts"] = self._attempts()
-        arrays = []
-        for f in schemas.RESULT:
-            array = columns[f.name] if f.name in columns else batch.column(f.name)
-            if f.name not in _LEDGER_COLUMNS:
-                # The processed ledger keeps only ids and counts: blanking the rest (bodies above all)
-                # for the bulk of the messages keeps the staged data small.
-                array = pc.if_else(processed, pa.scalar(None, f.type), array)
-            arrays.append(array)
-        return pa.RecordBatch.from_arrays(arrays, schema=schemas.RESULT)
-
-    def _attempts(self) -> pa.Array:
-        records = self.attempts
-        errors = [a.error for a in records]
-        fields = [
-            pa.array([a.attempt for a in records], pa.int32()),
-            pa.array([a.started_us for a in records], schemas.TS),
-            pa.array([a.duration_ms for a in records], pa.float64()),
-            pa.array([a.outcome for a in records], pa.string()),
-            *(pa.array([getattr(e, attr) if e is not None else None for e in errors], pa.string())
-              for attr in _ERROR_COLUMNS.values()),
-        ]
-        values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
-        return pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), values)
-
-
 _NAIVE = pa.timestamp("us")
-_LEDGER_COLUMNS = frozenset(schemas.PROCESSED.names) | {"destination", "disposition", "reason", "attempts"}
-_ERROR_COLUMNS = {
-    "last_error_type": "type",
-    "last_error_message": "message",
-    "last_error_stack": "stack",
-    "last_error_signature": "signature",
-}
+_PLAIN_COLUMNS = [
+    "message_id", "conversation_id", "sequence_number", "message_type", "body", "encoding", "sender",
+    "headers", "abort_count", "move_count", "batch_id",
+]
+
+
+class _Rows:
+    """The columns of one Arrow batch a cycle reads, as Python values."""
+
+    def __init__(self, batch: pa.RecordBatch, now: datetime) -> None:
+        self.columns = {name: batch.column(name).to_pylist() for name in _PLAIN_COLUMNS}
+        self.enqueued = _timestamps(batch.column("enqueued_at"))
+        self.expires = _timestamps(batch.column("expires_at"))
+        expired = pc.less_equal(batch.column("expires_at"), pa.scalar(now, schemas.TS))
+        self.expired: list[bool] = pc.fill_null(expired, False).to_pylist()
+
+    def envelope(self, i: int) -> Envelope:
+        c = self.columns
+        return Envelope(
+            message_id=c["message_id"][i],
+            message_type=c["message_type"][i],
+            body=c["body"][i] or b"",
+            encoding=c["encoding"][i],
+            enqueued_at=self.enqueued[i],  # type: ignore[arg-type]
+            conversation_id=c["conversation_id"][i],
+            sequence_number=c["sequence_number"][i],
+            expires_at=self.expires[i],
+            sender=c["sender"][i],
+            headers=dict(c["headers"][i] or ()),
+        )
 
 
 class Processor:
-    """Decides the route of every message of a partition; instances live on the executors."""
+    """Decides the route of every message of a partition, in its order; instances live on the
+    executors. With conversation ordering the partition comes sorted by conversation and sequence."""
 
     def __init__(self, spec: CycleSpec) -> None:
         self.spec = spec
         self.handler = import_callable(spec.handler) if spec.handler else None
+        self.batch_size = batch_size(self.handler) if self.handler else None
         self.classifier = Classifier(spec.policy.unrecoverable)
-        self._routes: dict[tuple[Outcome, bool], Route] = {}
+        self.waiting = frozenset(waiting_tables(spec.policy))
+        self._routes: dict[tuple[Outcome, bool, bool], Route] = {}
+        self.outage = OutageDetector(spec.policy.outage_threshold)
+        self.tripped = False
+        # Messages settled since the last success whose fate an outage would undo.
+        self.exposed: list[tuple[Changes, int]] = []
+        # The conversation whose failed message holds the rest of it in this cycle, and its route.
+        self.holding: tuple[str, Route] | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # A batch is held back while an outage could still undo some of its routes.
+        pending: list[tuple[pa.RecordBatch, Changes]] = []
         for batch in batches:
-            yield self.process(batch)
+            pending.append((batch, self.process(batch)))
+            if not self.exposed:
+                yield from (changes.apply(b, self.spec.out_batch) for b, changes in pending)
+                pending.clear()
+        yield from (changes.apply(b, self.spec.out_batch) for b, changes in pending)
 
-    def process(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def process(self, batch: pa.RecordBatch) -> Changes:
         spec = self.spec
-        expired = pc.fill_null(pc.less_equal(batch.column("expires_at"), pa.scalar(spec.now, schemas.TS)), False)
-        columns = {name: batch.column(name).to_pylist() for name in _PLAIN_COLUMNS}
-        enqueued = _timestamps(batch.column("enqueued_at"))
-        expires = _timestamps(batch.column("expires_at"))
-        changes = _Changes()
-        for i, is_expired in enumerate(expired.to_pylist()):
-            message_id = columns["message_id"][i]
-            duplicate = message_id in spec.seen or (message_id, columns["batch_id"][i]) in spec.losers
-            early = route_before_delivery(is_expired, duplicate)
+        rows = _Rows(batch, spec.now)
+        changes = Changes(self.waiting, spec.now, spec.policy.retry_cycle_delay)
+        deliverable: list[int] = []
+        for i in range(batch.num_rows):
+            early = self._early(rows, i)
             if early is not None:
-                changes.add(early, None)
-                continue
-            if self.handler is None:  # the poison queue's default reader: quarantine
-                changes.add(self._route(Outcome.EXHAUSTED, is_expired), None)
-                continue
-            envelope = Envelope(
-                message_id=message_id,
-                message_type=columns["message_type"][i],
-                body=columns["body"][i] or b"",
-                encoding=columns["encoding"][i],
-                enqueued_at=enqueued[i],  # type: ignore[arg-type]
-                conversation_id=columns["conversation_id"][i],
-                sequence_number=columns["sequence_number"][i],
-                expires_at=expires[i],
-                sender=columns["sender"][i],
-                headers=dict(columns["headers"][i] or ()),
-            )
-            delivery = self._deliver(envelope, columns["abort_count"][i], columns["move_count"][i])
-            changes.add(self._route(delivery.outcome, is_expired), delivery)
-        return changes.apply(batch, spec)
+                index = changes.add(*early)
+                if early[0].reason == "held" and self.holding is not None and self.exposed:
+                    self.exposed.append((changes, index))  # it follows a message an outage may undo
+            elif self.batch_size:
+                deliverable.append(i)
+                if len(deliverable) == self.batch_size:
+                    self._deliver_group(rows, deliverable, changes)
+                    deliverable = []
+            else:
+                self._deliver_one(rows, i, changes)
+        if deliverable:
+            self._deliver_group(rows, deliverable, changes)
+        return changes
 
-    def _deliver(self, envelope: Envelope, abort_count: int, move_count: int) -> Delivery:
-        spec = self.spec
+    def _early(self, rows: _Rows, i: int) -> tuple[Route, None, datetime | None] | None:
+        """The route of a message that is not delivered in this cycle, if it is one."""
+        spec, c = self.spec, rows.columns
+        message_id, conversation = c["message_id"][i], c["conversation_id"][i]
+        duplicate = message_id in spec.seen or (message_id, c["batch_id"][i]) in spec.losers
+        early = route_before_delivery(rows.expired[i], duplicate, conversation in spec.ended)
+        if early is not None:
+            return early, None, None
+        if self.tripped:
+            return OUTAGE, None, None
+        if spec.ordered and conversation is not None:
+            if self.holding is not None and self.holding[0] == conversation:
+                return route_held(self.holding[1]), None, None
+            blocked = spec.blocked.get(conversation)
+            sequence = c["sequence_number"][i]
+            if blocked is not None and (sequence is None or blocked.sequence_number is None
+                                        or blocked.sequence_number < sequence):
+                return route_joined(blocked.table), None, blocked.due_at
+        if self.handler is None:  # the poison queue's default reader: quarantine
+            return route_poison(Outcome.EXHAUSTED, spec.poison, rows.expired[i]), None, None
+        return None
+
+    def _message(self, rows: _Rows, i: int, envelope: Envelope, attempt: int) -> Message:
+        c = self.spec
+        return Message(envelope, c.queue, rows.columns["abort_count"][i] + attempt - 1,
+                       rows.columns["move_count"][i], c.cycle, attempt)
+
+    def _deliver_one(self, rows: _Rows, i: int, changes: Changes) -> None:
         assert self.handler is not None
-        return deliver(
-            self.handler,
-            lambda attempt: Message(envelope, spec.queue, abort_count + attempt - 1, move_count, spec.cycle, attempt),
-            spec.attempts_per_cycle,
-            spec.timeout_seconds,
-            self.classifier,
-        )
+        envelope = rows.envelope(i)
+        delivery = deliver(self.handler, lambda attempt: self._message(rows, i, envelope, attempt),
+                           self.spec.attempts_per_cycle, self.spec.timeout_seconds, self.classifier)
+        self._settle(rows, i, delivery, changes)
 
-    def _route(self, outcome: Outcome, expired: bool) -> Route:
-        route = self._routes.get((outcome, expired))
+    def _deliver_group(self, rows: _Rows, indices: list[int], changes: Changes) -> None:
+        assert self.handler is not None
+        envelopes = [rows.envelope(i) for i in indices]
+        deliveries = deliver_batch(
+            self.handler,
+            lambda k, attempt: self._message(rows, indices[k], envelopes[k], attempt),
+            len(indices), self.spec.attempts_per_cycle, self.spec.timeout_seconds, self.classifier,
+        )
+        for i, delivery in zip(indices, deliveries, strict=True):
+            self._settle(rows, i, delivery, changes)
+
+    def _settle(self, rows: _Rows, i: int, delivery: Delivery, changes: Changes) -> None:
+        """Route a delivered message, and let its outcome hold its conversation or trip the outage."""
+        conversation = rows.columns["conversation_id"][i]
+        route = self._route(delivery.outcome, rows.expired[i], conversation is not None)
+        index = changes.add(route, delivery)
+        if self.spec.ordered and conversation is not None and route.destination != PROCESSED:
+            self.holding = (conversation, route)
+        if delivery.outcome is Outcome.SUCCEEDED:
+            self.outage.succeeded()
+            self.exposed.clear()
+        elif self.tripped:
+            changes.uncharge(index)  # delivered in the same batch call as the message that tripped it
+        elif delivery.outcome is Outcome.EXHAUSTED and self.outage.threshold:
+            self.exposed.append((changes, index))
+            if self.outage.failed():
+                self._trip()
+
+    def _trip(self) -> None:
+        """An outage: every message failed since the last success goes back uncharged, and the rest
+        of the partition is not attempted."""
+        self.tripped = True
+        for changes, index in self.exposed:
+            changes.uncharge(index)
+        self.exposed.clear()
+
+    def _route(self, outcome: Outcome, expired: bool, conversation: bool) -> Route:
+        key = (outcome, expired, conversation)
+        route = self._routes.get(key)
         if route is None:
             spec = self.spec
             if spec.is_poison:
                 route = route_poison(outcome, spec.poison, expired)
             else:
-                route = route_main(spec.table, outcome, spec.policy, expired)
-            self._routes[(outcome, expired)] = route
+                route = route_main(spec.table, outcome, spec.policy, expired, conversation)
+            self._routes[key] = route
         return route
-
-
-_PLAIN_COLUMNS = [
-    "message_id", "conversation_id", "sequence_number", "message_type", "body", "encoding", "sender",
-    "headers", "abort_count", "move_count", "batch_id",
-]

@@ -13,9 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from poison_pipeline.domain.conversation_errors import MAX_DESCRIPTION
+from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE, STAY, Disposition
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row
+from poison_pipeline.storage.conversations import end_conversation
 from poison_pipeline.storage.journal import JournalEntry
 from poison_pipeline.storage.tables import ATTEMPTS, EVENTS, NOTIFICATIONS, QueueTables
 
@@ -61,7 +64,7 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[s
 
     attempts = _attempt_rows(staged, entry, cycle, now)
     commit(ATTEMPTS, attempts)
-    summary = staged.to_table(columns=["destination", "disposition", "sender", "message_id"])
+    summary = staged.to_table(columns=["destination", "disposition", "message_id", "last_error_type"])
     destinations = set(summary["destination"].to_pylist())
     for destination in sorted(destinations):
         rows = staged.to_table(filter=pc.field("destination") == destination)
@@ -77,7 +80,7 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[s
         else:
             commit(entry.table if destination == STAY else destination, _with(rows, schemas.MESSAGE))
     commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
-    commit(EVENTS, _fault_events(summary, entry, now))
+    commit(EVENTS, _disable_events(summary, entry, now))
     tables.remove_batches(entry.table, entry.batches)
     counts: dict[str, float] = dict(Counter(summary["disposition"].to_pylist()))
     counts["messages"] = summary.num_rows
@@ -109,12 +112,50 @@ def _negative_acknowledgements(staged: pads.Dataset, entry: JournalEntry, now: d
     return pa.Table.from_pylist(rows, schema=schemas.NOTIFICATIONS)
 
 
-def _fault_events(summary: pa.Table, entry: JournalEntry, now: datetime) -> pa.Table:
-    faulted = summary.filter(pc.equal(summary["disposition"], Disposition.FAULTED.value))
-    rows = [
-        event_row(QUEUE_DISABLED, now, "poison_pipeline",
-                  f"message {message_id} faulted after its last retry cycle "
-                  "(receive_error_handling: fault)", message_id, entry.table)
-        for message_id in faulted["message_id"].to_pylist()
-    ]
+def _disable_events(summary: pa.Table, entry: JournalEntry, now: datetime) -> pa.Table:
+    """One queue_disabled event per cycle that faulted messages or stopped on an outage: an alert
+    per cycle, not per message."""
+    rows = []
+    for disposition, why in (
+        (Disposition.FAULTED, "faulted after their last retry cycle (receive_error_handling: fault)"),
+        (Disposition.OUTAGE, "failed every attempt in a row with nothing succeeding: an outage of what the "
+                             "handler depends on is likely; the cycle stopped and charged them nothing"),
+    ):
+        hit = summary.filter(pc.equal(summary["disposition"], disposition.value))
+        if hit.num_rows == 0:
+            continue
+        ids = hit["message_id"].to_pylist()
+        sample = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+        error = next((e for e in hit["last_error_type"].to_pylist() if e), None)
+        reason = f"{len(ids)} message(s) in {entry.table} {why} ({sample})"
+        if error:
+            reason += f"; last error {error}"
+        rows.append(event_row(QUEUE_DISABLED, now, "poison_pipeline", reason, ids[0], entry.table))
     return pa.Table.from_pylist(rows, schema=schemas.EVENTS)
+
+
+def end_failed_conversations(declaration: Declaration, tables: QueueTables, entry: JournalEntry) -> dict[str, float]:
+    """End with an error every conversation whose message failed for good in this cycle under
+    `on_conversation_poison: end_conversation`: the rest of it leaves every table, its senders are
+    told, and the clean-up hook runs. Safe to repeat: ending is idempotent."""
+    heads = _staged(entry).to_table(
+        columns=["conversation_id", "message_id", "last_error_type", "last_error_message", "attempts"],
+        filter=(pc.field("disposition") == Disposition.ENDED.value) & pc.field("conversation_id").is_valid(),
+    )
+    # The message that failed made attempts; held ones and late arrivals of ended conversations did not.
+    heads = heads.filter(pc.greater(pc.list_value_length(heads["attempts"]), 0))
+    if heads.num_rows == 0:
+        return {}
+    code = declaration.queue(tables.queue).policy.conversation_error_code
+    hook_errors = 0
+    done: set[str] = set()
+    for row in heads.select(["conversation_id", "message_id", "last_error_type", "last_error_message"]).to_pylist():
+        if row["conversation_id"] in done:
+            continue
+        done.add(row["conversation_id"])
+        description = (f"message {row['message_id']} could not be processed: "
+                       f"{row['last_error_type']}: {row['last_error_message']}")[:MAX_DESCRIPTION]
+        result = end_conversation(declaration, tables.queue, row["conversation_id"], code, description,
+                                  actor="poison_pipeline")
+        hook_errors += result.hook_error is not None
+    return {"conversations_ended": len(done), "cleanup_hook_errors": hook_errors}

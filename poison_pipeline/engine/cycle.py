@@ -10,12 +10,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.policy import Ordering
 from poison_pipeline.domain.routing import PROCESSED, cycle_number
 from poison_pipeline.engine.batch import CycleSpec, Processor
-from poison_pipeline.engine.commit import apply_staged
+from poison_pipeline.engine.commit import apply_staged, end_failed_conversations
 from poison_pipeline.engine.dedup import find_duplicates
+from poison_pipeline.engine.ordering import blocked_conversations, in_conversation_order
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
+from poison_pipeline.storage.conversations import ended_conversations
 from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.tables import QueueTables
 
@@ -36,8 +39,10 @@ def _journal(tables: QueueTables, table: str) -> str:
     return tables.work_uri("journal", f"{table}.json")
 
 
-def _finish(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[str, float]:
+def _finish(declaration: Declaration, tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[str, float]:
     counts = apply_staged(tables, entry, cycle)
+    # Before the cycle is marked done, so a crash here ends them on the re-run (ending is repeatable).
+    counts.update(end_failed_conversations(declaration, tables, entry))
     entry.state, entry.summary = "done", counts
     write_entry(_journal(tables, entry.table), entry)
     remove_tree(entry.staging)
@@ -66,7 +71,7 @@ def run_cycle(
     if previous is not None:
         seq = previous.seq if previous.state == "planned" else previous.seq + 1
         if previous.state == "staged":
-            report.recovered = _finish(tables, previous, cycle)
+            report.recovered = _finish(declaration, tables, previous, cycle)
         elif previous.state == "planned":
             remove_tree(previous.staging)  # a compute that died: nothing of it was committed
     state = queue_state(tables)
@@ -85,6 +90,7 @@ def run_cycle(
                          tables.work_uri("staging", table, str(seq)))
     write_entry(_journal(tables, table), entry)
     batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
+    ordered = queue_decl.policy.ordering is Ordering.CONVERSATION
     window_start = (now - queue_decl.policy.dedup_window).date().isoformat()
     ledger = tables.open(PROCESSED).file_uris(file_pruning_predicate=[("date", ">=", window_start)])
     duplicates = find_duplicates(spark, batch, ledger)
@@ -99,12 +105,16 @@ def run_cycle(
         out_batch=f"{table}-{seq}-{run_id[:8]}",
         seen=duplicates.seen,
         losers=duplicates.losers,
+        ended=frozenset(ended_conversations(tables)),
+        blocked=blocked_conversations(tables, table, list(stats.due_batches)) if ordered else {},
     )
+    if ordered:
+        batch = in_conversation_order(batch)
     results = batch.mapInArrow(Processor(spec), from_arrow_schema(schemas.RESULT))
     results.write.mode("overwrite").parquet(entry.staging)
     entry.state = "staged"
     write_entry(_journal(tables, table), entry)
     report.seq = seq
-    report.counts = _finish(tables, entry, cycle)
+    report.counts = _finish(declaration, tables, entry, cycle)
     report.duration_s = time.perf_counter() - started
     return report

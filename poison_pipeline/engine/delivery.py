@@ -35,8 +35,9 @@ def _timed_out(seconds: float) -> HandlerTimeout:
     return HandlerTimeout(f"the handler ran longer than the handler_timeout of {seconds:g}s")
 
 
-def call_with_timeout(handler: Handler, message: Message, seconds: float | None) -> None:
-    """Call the handler; past `seconds` the attempt aborts with HandlerTimeout."""
+def call_with_timeout(handler: Callable[[Any], Any], message: Any, seconds: float | None) -> None:
+    """Call the handler with a message (or a batch of them); past `seconds` the attempt aborts
+    with HandlerTimeout."""
     if seconds is None:
         handler(message)
         return

@@ -1,0 +1,58 @@
+"""Delivering a batch to a batch handler, narrowing a failed batch down to the messages that fail."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from poison_pipeline.domain.envelope import Message
+from poison_pipeline.domain.errors import Classifier
+from poison_pipeline.domain.routing import Outcome
+from poison_pipeline.engine.delivery import AttemptRecord, Delivery, call_with_timeout, deliver
+
+BatchHandler = Callable[[list[Message]], Any]
+
+
+def deliver_batch(
+    handler: BatchHandler,
+    make_message: Callable[[int, int], Message],
+    count: int,
+    max_attempts: int,
+    timeout: float | None,
+    classifier: Classifier,
+) -> list[Delivery]:
+    """Deliver messages 0..count-1 together; `make_message(i, attempt)` builds message i.
+
+    A failed call is split in halves and each half tried again, down to single messages, which
+    are then retried alone like any message. Only those single attempts are charged: a failed
+    batch call says nothing about which of its messages failed, and a half that succeeds is never
+    called again, so no side effect of a successful sub-batch happens twice.
+    """
+    results: list[Delivery | None] = [None] * count
+
+    def single(message: Message) -> Any:
+        return handler([message])
+
+    def run(indices: list[int]) -> None:
+        if len(indices) == 1:
+            i = indices[0]
+            results[i] = deliver(single, lambda attempt: make_message(i, attempt), max_attempts, timeout, classifier)
+            return
+        started, clock = time.time_ns() // 1000, time.perf_counter()
+        try:
+            call_with_timeout(handler, [make_message(i, 1) for i in indices], timeout)
+        except BaseException:  # noqa: BLE001 - narrowed down below, then charged per message
+            middle = len(indices) // 2
+            run(indices[:middle])
+            run(indices[middle:])
+            return
+        record = [AttemptRecord(1, started, (time.perf_counter() - clock) * 1000, "success", None)]
+        for i in indices:
+            results[i] = Delivery(Outcome.SUCCEEDED, record, 0, None)
+
+    if count:
+        run(list(range(count)))
+    delivered = [r for r in results if r is not None]
+    assert len(delivered) == count, "bisection covers every message"
+    return delivered

@@ -1,0 +1,59 @@
+"""Conversation ordering (SPEC section 5 `ordering: conversation`): a conversation's messages are
+handled by one executor in sequence order, and never ahead of an earlier one waiting elsewhere."""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from poison_pipeline.engine.batch import Blocked
+from poison_pipeline.storage.tables import QueueTables
+
+
+def in_conversation_order(frame: DataFrame) -> DataFrame:
+    """All messages of a conversation in one partition, sorted by sequence number; other
+    conversations spread over the partitions so they proceed in parallel."""
+    # A message without a conversation is a conversation of its own: keyed by its id, it does not
+    # pile up with every other such message in one partition.
+    key = F.coalesce(F.col("conversation_id"), F.col("message_id"))
+    return frame.repartition(key).sortWithinPartitions(
+        key, F.col("sequence_number").asc_nulls_first(), "enqueued_at", "message_id"
+    )
+
+
+def blocked_conversations(tables: QueueTables, table: str, batches: list[str]) -> dict[str, Blocked]:
+    """For each conversation of the due `batches` of `table` that also has messages waiting in
+    another waiting table: the table holding its earliest one, that sequence number and its due time."""
+    due = tables.open(table).to_pyarrow_dataset().to_table(
+        columns=["conversation_id"], filter=pc.field("batch_id").isin(batches)
+    )
+    conversations = pc.unique(pc.drop_null(due["conversation_id"]))
+    if len(conversations) == 0:
+        return {}
+    found: dict[str, Blocked] = {}
+    for other in tables.waiting:
+        if other == table or not tables.exists(other):
+            continue
+        rows = tables.open(other).to_pyarrow_dataset().to_table(
+            columns=["conversation_id", "sequence_number", "due_at"],
+            filter=pc.field("conversation_id").isin(conversations),
+        )
+        if rows.num_rows == 0:
+            continue
+        heads = rows.group_by("conversation_id").aggregate([("sequence_number", "min"), ("due_at", "min")])
+        for row in heads.to_pylist():
+            candidate = Blocked(other, row["sequence_number_min"], row["due_at_min"])
+            current = found.get(row["conversation_id"])
+            if current is None or _earlier(candidate, current):
+                found[row["conversation_id"]] = candidate
+    return found
+
+
+def _earlier(a: Blocked, b: Blocked) -> bool:
+    if a.sequence_number is None or b.sequence_number is None:
+        return a.sequence_number is None and b.sequence_number is not None
+    return a.sequence_number < b.sequence_number
+
+
+
