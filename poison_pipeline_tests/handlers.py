@@ -32,3 +32,21 @@ def scripted(message: Message) -> None:
 
 def always_fails(message: Message) -> None:
     raise ValueError("poison handler cannot store it either")
+
+
+def forwarding(message: Message) -> None:
+    """Body: `sends`: a list of {to, type, body?} sent on the message's conversation (or `conversation`),
+    with `lifetime_s`; then fails if `fail` (so nothing it sent may be released)."""
+    from datetime import timedelta
+
+    body = message.json()
+    lifetime = timedelta(seconds=body["lifetime_s"]) if body.get("lifetime_s") else None
+    for item in body.get("sends", []):
+        message.send(item["to"], item["type"], item.get("body"), conversation_id=body.get("conversation"),
+                     lifetime=lifetime)
+    if body.get("fail"):
+        raise ValueError("failed after sending")
+
+
+def accept(message: Message) -> None:
+    """Takes any message, bodyless ones included."""

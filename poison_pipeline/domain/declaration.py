@@ -54,6 +54,9 @@ class QueueDeclaration(BaseModel):
     # Called once per ended conversation so the application can drop the state it kept for it:
     # hook(conversation_id=..., code=..., description=..., queue=...).
     on_conversation_end: str | None = None
+    # The message types this queue accepts from other queues' handlers (its contract); a sent
+    # message of another type fails its conversation with error -8428. None accepts every type.
+    message_types: list[str] | None = None
 
     @field_validator("handler")
     @classmethod

@@ -35,6 +35,21 @@ class Envelope:
 
 
 @dataclass(frozen=True)
+class Outgoing:
+    """A message a handler sent to another queue, held until its attempt succeeds."""
+
+    target: str
+    message_id: str
+    conversation_id: str
+    sequence_number: int | None
+    message_type: str
+    body: bytes
+    encoding: str
+    headers: dict[str, str]
+    lifetime_s: float | None
+
+
+@dataclass(frozen=True)
 class Message:
     """One delivery of an envelope to a handler, with its counts (WCF's operation context)."""
 
@@ -49,8 +64,54 @@ class Message:
         # Handlers read message.message_id, message.body...: delegate to the envelope.
         return getattr(self.envelope, name)
 
+    outbox: list[Outgoing] = field(default_factory=list, compare=False)
+
     def json(self) -> Any:
         return json.loads(self.envelope.body)
+
+    def send(
+        self,
+        to_queue: str,
+        message_type: str,
+        body: Any = None,
+        *,
+        encoding: str | None = None,
+        conversation_id: str | None = None,
+        sequence_number: int | None = None,
+        headers: dict[str, str] | None = None,
+        lifetime: timedelta | None = None,
+    ) -> str:
+        """Send a message to another application queue; it is released only if this attempt
+        succeeds (an outbox). Returns its message id, derived from this message's so that a
+        redelivery sends the same ids and the receiver drops the copies.
+
+        It goes on `conversation_id` (default: this message's conversation, else a new one named
+        after this message) and waits in this queue's transmission queue until the target accepts
+        it; past `lifetime` still undelivered, the conversation fails with error -8489.
+        """
+        if not isinstance(to_queue, str) or not to_queue:
+            raise ValueError("send: to_queue must be the name of a declared application queue")
+        if not isinstance(message_type, str) or not message_type:
+            raise ValueError("send: message_type must be a non-empty string")
+        if lifetime is not None and lifetime <= timedelta(0):
+            raise ValueError("send: lifetime must be greater than zero")
+        encoding = encoding or ("empty" if body is None else "json")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"send: encoding {encoding!r} is not one of {', '.join(ENCODINGS)}")
+        raw = body if isinstance(body, bytes) else _body({} if body is None else {"body": body}, encoding)
+        message_id = f"{self.envelope.message_id}/{len(self.outbox) + 1}"
+        self.outbox.append(Outgoing(
+            target=to_queue,
+            message_id=message_id,
+            conversation_id=conversation_id or self.envelope.conversation_id or f"conv-{self.envelope.message_id}",
+            sequence_number=sequence_number,
+            message_type=message_type,
+            body=raw,
+            encoding=encoding,
+            headers=dict(headers or {}),
+            lifetime_s=lifetime.total_seconds() if lifetime else None,
+        ))
+        return message_id
 
     def text(self) -> str:
         return self.envelope.body.decode("utf-8")

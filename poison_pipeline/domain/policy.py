@@ -36,6 +36,11 @@ class OnConversationPoison(StrEnum):
     END_CONVERSATION = "end_conversation"
 
 
+class OnUndefinedError(StrEnum):
+    RESEND = "resend"
+    DEAD_LETTER = "dead_letter"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -80,6 +85,9 @@ class Policy(_Strict):
     # Service Broker disables a queue after five rollbacks in a row; here: this many messages in a
     # row failed every attempt with a recoverable error and nothing succeeded in between. 0 = off.
     outage_threshold: int = Field(default=5, ge=0)
+    # A sent conversation that fails with an error Service Broker leaves undefined (-8470 target
+    # dropped, -8469 altered, -8487 contract dropped): resend its pending messages or dead-letter them.
+    on_undefined_error: OnUndefinedError = OnUndefinedError.DEAD_LETTER
     # Duplicates are detected against messages processed within this window: it bounds what a
     # cycle reads to recent history instead of all of it.
     dedup_window: Duration = timedelta(days=7)

@@ -40,16 +40,17 @@ def deliver_batch(
             results[i] = deliver(single, lambda attempt: make_message(i, attempt), max_attempts, timeout, classifier)
             return
         started, clock = time.time_ns() // 1000, time.perf_counter()
+        messages = [make_message(i, 1) for i in indices]
         try:
-            call_with_timeout(handler, [make_message(i, 1) for i in indices], timeout)
+            call_with_timeout(handler, messages, timeout)
         except BaseException:  # noqa: BLE001 - narrowed down below, then charged per message
             middle = len(indices) // 2
             run(indices[:middle])
             run(indices[middle:])
             return
         record = [AttemptRecord(1, started, (time.perf_counter() - clock) * 1000, "success", None)]
-        for i in indices:
-            results[i] = Delivery(Outcome.SUCCEEDED, record, 0, None)
+        for i, message in zip(indices, messages, strict=True):
+            results[i] = Delivery(Outcome.SUCCEEDED, record, 0, None, message.outbox)
 
     if count:
         run(list(range(count)))

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from poison_pipeline.domain.envelope import Outgoing
 from poison_pipeline.domain.errors import ErrorInfo
 from poison_pipeline.domain.routing import OUTAGE, POISON, PROCESSED, STAY, Route
 from poison_pipeline.engine.delivery import AttemptRecord, Delivery
@@ -20,7 +21,7 @@ _ERROR_COLUMNS = {
 }
 # The processed ledger keeps only ids and counts: blanking the other columns (bodies above all) for
 # the bulk of the messages keeps the staged data small.
-_LEDGER_COLUMNS = frozenset(schemas.PROCESSED.names) | {"destination", "disposition", "reason", "attempts"}
+_LEDGER_COLUMNS = frozenset(schemas.PROCESSED.names) | {"destination", "disposition", "reason", "attempts", "sent"}
 
 
 class Changes:
@@ -36,6 +37,8 @@ class Changes:
         self.due: list[datetime | None] = []
         self.offsets: list[int] = [0]
         self.attempts: list[AttemptRecord] = []
+        self.sent_offsets: list[int] = [0]
+        self.sent: list[Outgoing] = []
 
     def add(self, route: Route, delivery: Delivery | None = None, due: datetime | None = None) -> int:
         """Record a message's route (and its delivery, if it was attempted); returns its index."""
@@ -47,7 +50,9 @@ class Changes:
             self.failures.append(delivery.failures)
             self.errors.append(delivery.last_error)
             self.attempts.extend(delivery.attempts)
+            self.sent.extend(delivery.sent)
         self.offsets.append(len(self.attempts))
+        self.sent_offsets.append(len(self.sent))
         self.due.append(due or self._due(route.destination))
         return len(self.routes) - 1
 
@@ -63,6 +68,7 @@ class Changes:
         marked as made during an outage."""
         self.routes[index] = OUTAGE
         self.failures[index] = 0
+        assert self.sent_offsets[index] == self.sent_offsets[index + 1], "an uncharged message sent nothing"
         self.due[index] = self.now
         for k in range(self.offsets[index], self.offsets[index + 1]):
             record = self.attempts[k]
@@ -90,6 +96,7 @@ class Changes:
         columns["disposition"] = pa.array([r.disposition.value for r in self.routes], pa.string())
         columns["reason"] = pa.array([r.reason for r in self.routes], pa.string())
         columns["attempts"] = self._attempts()
+        columns["sent"] = self._sent()
         arrays = []
         for f in schemas.RESULT:
             array = columns[f.name] if f.name in columns else batch.column(f.name)
@@ -111,3 +118,12 @@ class Changes:
         ]
         values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
         return pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), values)
+
+    def _sent(self) -> pa.Array:
+        sent = self.sent
+        fields = [
+            pa.array([getattr(o, f.name) if f.name != "headers" else list(o.headers.items()) for o in sent], f.type)
+            for f in schemas.SENT_FIELDS
+        ]
+        values = pa.StructArray.from_arrays(fields, fields=schemas.SENT_FIELDS)
+        return pa.ListArray.from_arrays(pa.array(self.sent_offsets, pa.int32()), values)

@@ -20,7 +20,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row
 from poison_pipeline.storage.conversations import end_conversation
 from poison_pipeline.storage.journal import JournalEntry
-from poison_pipeline.storage.tables import ATTEMPTS, EVENTS, NOTIFICATIONS, QueueTables
+from poison_pipeline.storage.tables import ATTEMPTS, EVENTS, NOTIFICATIONS, TRANSMISSION, QueueTables
 
 
 def _staged(entry: JournalEntry) -> pads.Dataset:
@@ -79,6 +79,7 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[s
                                      quarantined_at=now))
         else:
             commit(entry.table if destination == STAY else destination, _with(rows, schemas.MESSAGE))
+    commit(TRANSMISSION, _sent_rows(staged, tables.queue, entry, now))
     commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
     commit(EVENTS, _disable_events(summary, entry, now))
     tables.remove_batches(entry.table, entry.batches)
@@ -86,6 +87,33 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[s
     counts["messages"] = summary.num_rows
     counts["attempts"] = attempts.num_rows
     return counts
+
+
+def _sent_rows(staged: pads.Dataset, queue: str, entry: JournalEntry, now: datetime) -> pa.Table:
+    """What successful attempts sent, released into this queue's transmission queue."""
+    table = staged.to_table(columns=["message_id", "sent"], filter=pc.list_value_length(pc.field("sent")) > 0)
+    flat = pc.list_flatten(table["sent"])
+    if len(flat) == 0:
+        return schemas.TRANSMISSION.empty_table()
+    sent = pa.Table.from_struct_array(flat)
+    count = sent.num_rows
+    lifetimes = pc.multiply(sent["lifetime_s"], 1_000_000).cast(pa.int64())
+    deadline = pc.add(pa.scalar(now, schemas.TS).cast(pa.int64()), lifetimes).cast(schemas.TS)
+    columns = {
+        "target_queue": sent["target"],
+        "enqueued_at": pa.array([now] * count, schemas.TS),
+        "expires_at": pa.nulls(count, schemas.TS),
+        "sender": pa.array([queue] * count, pa.string()),
+        "source_message_id": pc.take(table["message_id"], pc.list_parent_indices(table["sent"])),
+        "deadline": deadline,
+        "original_conversation_id": sent["conversation_id"],
+        "resend_count": pa.array([0] * count, pa.int32()),
+        "batch_id": pa.array([f"tx-{entry.table}-{entry.seq}"] * count, pa.string()),
+    }
+    return pa.Table.from_arrays(
+        [columns[f.name] if f.name in columns else sent[f.name].cast(f.type) for f in schemas.TRANSMISSION],
+        schema=schemas.TRANSMISSION,
+    )
 
 
 def _negative_acknowledgements(staged: pads.Dataset, entry: JournalEntry, now: datetime) -> pa.Table:

@@ -21,6 +21,7 @@ from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.conversations import ended_conversations
 from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.transmission import pending_count, transmit
 
 
 @dataclass
@@ -116,5 +117,9 @@ def run_cycle(
     write_entry(_journal(tables, table), entry)
     report.seq = seq
     report.counts = _finish(declaration, tables, entry, cycle)
+    if pending_count(tables):
+        # What this cycle's handlers sent is offered to its targets in the same run.
+        sent = transmit(declaration, queue, now)
+        report.counts.update({"transmitted": sum(sent.delivered.values()), "conversation_errors": len(sent.failures)})
     report.duration_s = time.perf_counter() - started
     return report

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from poison_pipeline.domain.envelope import Message
+from poison_pipeline.domain.envelope import Message, Outgoing
 from poison_pipeline.domain.errors import Classifier, ErrorInfo, HandlerTimeout, describe
 from poison_pipeline.domain.routing import Outcome
 
@@ -71,6 +71,8 @@ class Delivery:
     attempts: list[AttemptRecord]
     failures: int
     last_error: ErrorInfo | None
+    # What the successful attempt sent to other queues; a failed attempt's sends are discarded.
+    sent: list[Outgoing] = field(default_factory=list)
 
 
 def deliver(
@@ -85,8 +87,9 @@ def deliver(
     error_info: ErrorInfo | None = None
     for attempt in range(1, max_attempts + 1):
         started, clock = time.time_ns() // 1000, time.perf_counter()
+        message = make_message(attempt)
         try:
-            call_with_timeout(handler, make_message(attempt), timeout)
+            call_with_timeout(handler, message, timeout)
         except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
             error_info = describe(error)
             outcome = "timeout" if isinstance(error, HandlerTimeout) else "abort"
@@ -95,5 +98,5 @@ def deliver(
                 return Delivery(Outcome.UNRECOVERABLE, records, len(records), error_info)
             continue
         records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, "success", None))
-        return Delivery(Outcome.SUCCEEDED, records, len(records) - 1, error_info)
+        return Delivery(Outcome.SUCCEEDED, records, len(records) - 1, error_info, message.outbox)
     return Delivery(Outcome.EXHAUSTED, records, len(records), error_info)

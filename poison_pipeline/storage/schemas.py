@@ -132,6 +132,33 @@ CONVERSATIONS = pa.schema(
     ]
 )
 
+# A message a handler sent, as the cycle stages it (released only with a successful attempt).
+SENT_FIELDS = [
+    pa.field("target", pa.string()),
+    pa.field("message_id", pa.string()),
+    pa.field("conversation_id", pa.string()),
+    pa.field("sequence_number", pa.int64()),
+    pa.field("message_type", pa.string()),
+    pa.field("body", pa.binary()),
+    pa.field("encoding", pa.string()),
+    pa.field("headers", pa.map_(pa.string(), pa.string())),
+    pa.field("lifetime_s", pa.float64()),
+]
+
+# The sender's transmission queue: sent messages waiting until their target queue accepts them.
+TRANSMISSION = pa.schema(
+    [pa.field("target_queue", pa.string())]
+    + ENVELOPE_FIELDS
+    + [
+        pa.field("source_message_id", pa.string()),
+        # The end of the conversation's lifetime: still here then, it fails with error -8489.
+        pa.field("deadline", TS),
+        pa.field("original_conversation_id", pa.string()),
+        pa.field("resend_count", pa.int32()),
+        pa.field("batch_id", pa.string()),
+    ]
+)
+
 # What the Spark batch returns per message: the message with its new counts, where it goes and why,
 # and every attempt it made in this cycle.
 RESULT = pa.schema(
@@ -141,6 +168,7 @@ RESULT = pa.schema(
         pa.field("disposition", pa.string()),
         pa.field("reason", pa.string()),
         pa.field("attempts", pa.list_(pa.struct(ATTEMPT_FIELDS))),
+        pa.field("sent", pa.list_(pa.struct(SENT_FIELDS))),
     ]
 )
 

@@ -27,6 +27,7 @@ ATTEMPTS = "attempts"
 EVENTS = "events"
 NOTIFICATIONS = "notifications"
 CONVERSATIONS = "conversations"
+TRANSMISSION = "transmission"
 # delta-rs would write a million-row append as one row group, and Spark cannot split a row group:
 # the whole batch would be one task on one core. Smaller groups let a cycle use every core.
 _WRITER = WriterProperties(max_row_group_size=65_536)
@@ -43,6 +44,7 @@ def schema_of(table: str) -> pa.Schema:
         EVENTS: schemas.EVENTS,
         NOTIFICATIONS: schemas.NOTIFICATIONS,
         CONVERSATIONS: schemas.CONVERSATIONS,
+        TRANSMISSION: schemas.TRANSMISSION,
     }[table]
 
 
@@ -52,7 +54,8 @@ def _quoted(value: str) -> str:
 
 # The column that says when a row arrived in each table: the age of its oldest entry.
 _ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at",
-            ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at", CONVERSATIONS: "at"}
+            ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at", CONVERSATIONS: "at",
+            TRANSMISSION: "enqueued_at"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class QueueTables:
     @property
     def all_tables(self) -> tuple[str, ...]:
         return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
-                CONVERSATIONS)
+                CONVERSATIONS, TRANSMISSION)
 
     def uri(self, table: str) -> str:
         return f"{self.lake_root}/{self.queue}/{table}"
@@ -156,14 +159,15 @@ class QueueTables:
         self.open(table).delete(f"batch_id IN ({quoted})")
 
     def replace_batches(self, table: str, batch_ids: Iterable[str | None], keep: pads.Expression,
-                        snapshot: DeltaTable | None = None) -> None:
+                        snapshot: DeltaTable | None = None, add: pa.Table | None = None) -> None:
         """Rewrite whole batches in one commit, keeping only their rows that match `keep`.
 
         delta-rs's delete writes a partly deleted file back with string_view columns, which pyarrow
         cannot filter on (delta-rs issue 4579): a later filtered read of the table would fail. The
         kept rows are streamed and written here instead, as plain strings, and a batch still sits
-        in files of its own. Given the `snapshot` the caller read the batches from, the commit fails
-        if another one removed them since (a cycle that took them) instead of silently doing nothing.
+        in files of its own; `add` rows are written in the same commit. Given the `snapshot` the
+        caller read the batches from, the commit fails if another one removed them since (a cycle
+        that took them) instead of silently doing nothing.
         """
         ids = set(batch_ids)
         named = sorted(i for i in ids if i is not None)
@@ -175,7 +179,10 @@ class QueueTables:
         if not clauses:
             return
         target = snapshot if snapshot is not None else self.open(table)
-        kept = target.to_pyarrow_dataset().scanner(filter=within & keep).to_reader()
+        kept: Any = target.to_pyarrow_dataset().scanner(filter=within & keep).to_reader()
+        if add is not None:
+            # Rows added in the same commit must carry one of the batch ids, or the overwrite refuses them.
+            kept = pa.concat_tables([kept.read_all().cast(schema_of(table)), add.cast(schema_of(table))])
         write_deltalake(target, kept, mode="overwrite", predicate=" OR ".join(clauses), writer_properties=_WRITER)
 
     def stats(self, table: str, now: datetime) -> TableStats:
