@@ -42,7 +42,7 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 LOCATION = "poison_pipeline"
 REPOSITORY = "__repository__"  # the name Dagster gives a module's Definitions
 QUEUE = "orders"
-TABLES = ("inbound", "retry_1", "poison", "quarantine", "dead_letter", "processed")
+TABLES = ("inbound", "retry_1", "poison", "quarantine", "dead_letter", "processed", "transmission")
 # message id -> where it must end: the ledger's disposition or a terminal table
 MESSAGES = {
     "order-ok": ({"user": "ann", "profile": "exists"}, "processed"),
@@ -207,6 +207,7 @@ def _assert_lineage(server: DagsterDev) -> None:
         "quarantine": {"inbound", "retry_1", "poison"},
         "dead_letter": {"inbound", "retry_1", "poison"},
         "processed": {"inbound", "retry_1", "poison"},
+        "transmission": {"inbound", "retry_1", "poison"},
     }
     assert {"spark", "delta"} <= set(nodes[f"{QUEUE}/inbound"]["kinds"])
     assert job_name(QUEUE, "retry_1") in nodes[f"{QUEUE}/retry_1"]["jobNames"]

@@ -11,10 +11,12 @@ from poison_pipeline.defs.resources import SparkResource
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.engine.cycle import CycleReport, run_cycle
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
+from poison_pipeline.storage.transmission import transmit
 
 _OUTCOMES = ("processed", "duplicate", "moved", "poisoned", "rejected", "expired", "dropped",
-             "quarantined", "faulted", "messages", "attempts")
+             "quarantined", "faulted", "ended", "outage", "messages", "attempts", "conversations_ended",
+             "transmitted", "conversation_errors")
 
 _DESCRIPTIONS = {
     INBOUND: "Messages waiting for their first cycle; materializing runs that cycle on Spark.",
@@ -22,6 +24,8 @@ _DESCRIPTIONS = {
     DEAD_LETTER: "Rejected, expired and undeliverable messages, each with its reason.",
     QUARANTINE: "Raw body, context and error of every poison message, kept for people.",
     PROCESSED: "Ledger of every message id that reached a terminal outcome.",
+    TRANSMISSION: "Messages this queue's handlers sent, waiting until their target accepts them; "
+    "materializing offers them.",
 }
 
 
@@ -48,7 +52,9 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
 
     @asset(
         key=asset_key(queue, table),
-        deps=[asset_key(queue, t) for t in upstream],
+        # What other queues' handlers send arrives here through their transmission queues.
+        deps=[asset_key(queue, t) for t in upstream]
+        + ([asset_key(q, TRANSMISSION) for q in declaration.senders_to(queue)] if table == INBOUND else []),
         group_name=queue,
         kinds={"spark", "delta"},
         description=description,
@@ -89,6 +95,30 @@ def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: li
     return ledger
 
 
+def _transmission_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
+    @asset(
+        key=asset_key(queue, table),
+        deps=[asset_key(queue, t) for t in upstream],
+        group_name=queue,
+        kinds={"delta"},
+        description=_DESCRIPTIONS[TRANSMISSION],
+        metadata={"table_uri": QueueTables.of(declaration, queue).uri(TRANSMISSION)},
+    )
+    def transmission(context: AssetExecutionContext) -> MaterializeResult:
+        result = transmit(declaration, queue)
+        for failure in result.failures:
+            context.log.warning(f"{queue}: conversation {failure.conversation_id} to {failure.target} failed with "
+                                f"{failure.code} ({failure.description}): {failure.action}")
+        return MaterializeResult(metadata={
+            "delivered": MetadataValue.int(sum(result.delivered.values())),
+            "waiting": MetadataValue.int(result.waiting),
+            "resent_conversations": MetadataValue.int(result.resent),
+            "failed_conversations": MetadataValue.int(len(result.failures)),
+        })
+
+    return transmission
+
+
 def queue_assets(declaration: Declaration, queue: str) -> list[AssetsDefinition]:
     """The flow inbound -> retry_1..N -> poison -> quarantine, with dead-letter and the ledger."""
     waiting = list(QueueTables.of(declaration, queue).waiting)
@@ -100,5 +130,6 @@ def queue_assets(declaration: Declaration, queue: str) -> list[AssetsDefinition]
         (_ledger_asset, QUARANTINE, waiting),
         (_ledger_asset, DEAD_LETTER, waiting),
         (_ledger_asset, PROCESSED, waiting),
+        (_transmission_asset, TRANSMISSION, waiting),
     ]
     return [factory(declaration, queue, table, upstream) for factory, table, upstream in factories]

@@ -8,9 +8,9 @@ from poison_pipeline.defs.alerts import queue_disabled_job, queue_disabled_senso
 from poison_pipeline.defs.assets import queue_assets
 from poison_pipeline.defs.jobs import cycle_job
 from poison_pipeline.defs.resources import SparkResource
-from poison_pipeline.defs.sensors import waiting_sensor
+from poison_pipeline.defs.sensors import transmission_sensor, waiting_sensor
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
 
 def build_definitions(declaration: Declaration) -> Definitions:
@@ -20,6 +20,8 @@ def build_definitions(declaration: Declaration) -> Definitions:
         for table in QueueTables.of(declaration, queue).waiting:
             jobs.append(cycle_job(queue, table))
             sensors.append(waiting_sensor(declaration, queue, table))
+        jobs.append(cycle_job(queue, TRANSMISSION))
+        sensors.append(transmission_sensor(declaration, queue))
         jobs.append(queue_disabled_job(declaration, queue))
         sensors.append(queue_disabled_sensor(declaration, queue))
     return Definitions(

@@ -18,5 +18,5 @@ def cycle_job(queue: str, table: str) -> UnresolvedAssetJobDefinition:
         selection=[asset_key(queue, table)],
         executor_def=in_process_executor,
         tags={QUEUE_TAG: queue},
-        description=f"One retry cycle of {queue}/{table}.",
+        description=f"Materializes {queue}/{table}: one cycle of a waiting table, or an offer of sent messages.",
     )

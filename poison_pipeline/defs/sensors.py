@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
 from dagster import (
     DefaultSensorStatus,
     RunRequest,
@@ -24,7 +25,7 @@ from poison_pipeline.defs.naming import QUEUE_TAG, job_name, sensor_name
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, POISON
 from poison_pipeline.storage.control import queue_state
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import EVENTS, TRANSMISSION, QueueTables
 
 
 @dataclass(frozen=True)
@@ -87,5 +88,49 @@ def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDe
             return SensorResult(skip_reason=SkipReason(decision.skip), cursor=cursor)
         request = RunRequest(run_key=decision.run_key, tags={QUEUE_TAG: queue})
         return SensorResult(run_requests=[request], cursor=cursor)
+
+    return evaluate
+
+
+def decide_transmission(declaration: Declaration, queue: str, cursor: dict[str, Any], now: datetime) -> Decision:
+    """Whether the transmission queue has messages a new offer could move: it changed, a queue it
+    may send to changed state, or a conversation's lifetime ran out."""
+    tables = QueueTables.of(declaration, queue)
+    if not tables.exists(TRANSMISSION):
+        return Decision(None, cursor, f"{queue} has sent nothing yet")
+    log = tables.open(TRANSMISSION)
+    actions = pa.table(log.get_add_actions(flatten=True))
+    pending = sum(actions.column("num_records").to_pylist()) if actions.num_rows else 0
+    base = {"version": log.version(), "pending": pending, "last_run_key": cursor.get("last_run_key")}
+    if pending == 0:
+        return Decision(None, base, f"nothing waits in {queue}'s transmission queue")
+    column = "min.deadline"
+    deadlines = [d for d in actions.column(column).to_pylist() if d] if column in actions.column_names else []
+    expired = bool(deadlines) and min(deadlines) <= now
+    # A target's events table changes when it is enabled or disabled: a reason to offer again.
+    states = {q: QueueTables.of(declaration, q).open(EVENTS).version()
+              for q in declaration.queues if QueueTables.of(declaration, q).exists(EVENTS)}
+    digest = hashlib.sha1(json.dumps([states, expired], sort_keys=True).encode()).hexdigest()[:12]
+    run_key = f"{queue}/{TRANSMISSION}/v{log.version()}/{digest}"
+    if run_key == cursor.get("last_run_key"):
+        return Decision(None, base, f"{pending} waiting; an offer was already requested for {run_key}")
+    return Decision(run_key, {**base, "last_run_key": run_key}, None)
+
+
+def transmission_sensor(declaration: Declaration, queue: str) -> SensorDefinition:
+    @sensor(
+        name=sensor_name(queue, TRANSMISSION),
+        job_name=job_name(queue, TRANSMISSION),
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Offers {queue}'s sent messages to their targets again when something changed.",
+    )
+    def evaluate(context: SensorEvaluationContext) -> SensorResult:
+        decision = decide_transmission(declaration, queue, parse_cursor(context.cursor), datetime.now(UTC))
+        cursor = json.dumps(decision.cursor, sort_keys=True)
+        if decision.run_key is None:
+            return SensorResult(skip_reason=SkipReason(decision.skip), cursor=cursor)
+        return SensorResult(run_requests=[RunRequest(run_key=decision.run_key, tags={QUEUE_TAG: queue})],
+                            cursor=cursor)
 
     return evaluate

@@ -57,6 +57,8 @@ class QueueDeclaration(BaseModel):
     # The message types this queue accepts from other queues' handlers (its contract); a sent
     # message of another type fails its conversation with error -8428. None accepts every type.
     message_types: list[str] | None = None
+    # The queues this queue's handler sends to: only for the lineage the UI draws.
+    sends_to: list[str] = Field(default_factory=list)
 
     @field_validator("handler")
     @classmethod
@@ -110,7 +112,15 @@ class Declaration(BaseModel):
                     f"queue name {name!r} must be lowercase letters, digits and _, "
                     "starting with a letter (it names tables and Dagster assets)"
                 )
+        for name, queue in value.items():
+            unknown = [q for q in queue.sends_to if q not in value or q == name]
+            if unknown:
+                raise ValueError(f"queue {name!r}: sends_to {unknown[0]!r} is not another declared queue")
         return value
+
+    def senders_to(self, target: str) -> list[str]:
+        """The queues that declare they send to `target`."""
+        return [name for name, queue in self.queues.items() if target in queue.sends_to]
 
     def queue(self, name: str) -> QueueDeclaration:
         if name not in self.queues:
