@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -118,11 +118,15 @@ def seed(declaration: Declaration, queue: str, count: int, now: datetime, append
     delta-rs writes an append of up to a million rows as one file with one row group, and Spark
     cannot split a row group: one append means one task, so one core, for both passes.
     """
+    return write_inbound(declaration, queue, message_table(count, now, queue), appends)
+
+
+def write_inbound(declaration: Declaration, queue: str, messages: pa.Table, appends: int = 1) -> list[str]:
+    """Append `messages` to the inbound table of `queue` in `appends` commits; return its files."""
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
-    messages = message_table(count, now, queue)
-    size = -(-count // appends)
-    for start in range(0, count, size):
+    size = -(-messages.num_rows // appends)
+    for start in range(0, messages.num_rows, size):
         tables.append("inbound", messages.slice(start, size))
     return tables.open("inbound").file_uris()
 
@@ -157,8 +161,11 @@ def timed(action: Callable[[], Any]) -> tuple[float, Any]:
 
 
 @contextlib.contextmanager
-def phase_clock() -> Iterator[dict[str, float]]:
-    """Time the phases of run_cycle by wrapping what it calls; restores everything afterwards."""
+def phase_clock(extra: Iterable[tuple[Any, str, str]] = ()) -> Iterator[dict[str, float]]:
+    """Time the phases of run_cycle by wrapping what it calls; restores everything afterwards.
+
+    `extra` names more functions to time, as (owner, attribute name, label).
+    """
     spent: dict[str, float] = defaultdict(float)
     patches: list[tuple[Any, str, Any]] = []
 
@@ -184,6 +191,8 @@ def phase_clock() -> Iterator[dict[str, float]]:
     wrap(commit_module, "_attempt_rows", lambda *a, **k: "commit: build attempt rows (arrow)")
     wrap(QueueTables, "append", lambda self, table, *a, **k: f"commit: delta append {table}")
     wrap(QueueTables, "remove_batches", lambda self, table, *a, **k: f"commit: delta delete {table}")
+    for owner, name, text in extra:
+        wrap(owner, name, lambda *a, _text=text, **k: _text)
     try:
         yield spent
     finally:

@@ -1,25 +1,26 @@
-"""`make demo`: 100,000 messages through the example queues, every cycle launched by its sensor."""
+"""`make demo`: 100,000 messages through the example queues, every cycle launched by its sensor,
+then the Service Broker scenarios: conversations in order, an outage, and a resend."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import random
 import shutil
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from dagster import DagsterInstance, Definitions, SensorResult, build_sensor_context
+from dagster import DagsterInstance
 
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.domain.declaration import Declaration, load_declaration
+from poison_pipeline.examples import scenarios
+from poison_pipeline.examples.drive import Driver
 from poison_pipeline.examples.generate import inventory_messages, order_messages
 from poison_pipeline.ops.conservation import conservation
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
-
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def shortened(declaration: Declaration, lake_root: Path, delay: timedelta) -> Declaration:
@@ -29,41 +30,6 @@ def shortened(declaration: Declaration, lake_root: Path, delay: timedelta) -> De
         policy = queue.policy.model_copy(update={"retry_cycle_delay": delay})
         queues[name] = queue.model_copy(update={"policy": policy})
     return declaration.model_copy(update={"lake_root": str(lake_root.resolve()), "queues": queues})
-
-
-def drive(defs: Definitions, instance: DagsterInstance, deadline: float) -> int:
-    """Evaluate every sensor and run what it requests, until nothing waits or the deadline passes."""
-    cursors: dict[str, str | None] = {}
-    runs = 0
-    sensors = list(defs.get_repository_def().sensor_defs)
-    while time.monotonic() < deadline:
-        launched, waiting = 0, False
-        for sensor in sensors:
-            context = build_sensor_context(instance=instance, cursor=cursors.get(sensor.name),
-                                           definitions=defs, sensor_name=sensor.name)
-            result = sensor(context)
-            assert isinstance(result, SensorResult)
-            cursors[sensor.name] = result.cursor
-            waiting = waiting or bool(json.loads(result.cursor or "{}").get("waiting"))
-            for request in result.run_requests or []:
-                job = defs.resolve_job_def(sensor.job_name)
-                outcome = job.execute_in_process(instance=instance, tags=request.tags,
-                                                 run_config=QUIET)
-                assert outcome.success, f"{sensor.job_name} failed"
-                launched += 1
-                for event in outcome.get_asset_materialization_events():
-                    materialization = event.step_materialization_data.materialization
-                    meta = {k: v.value for k, v in materialization.metadata.items()}
-                    print(f"  {materialization.asset_key.to_user_string():<22} "
-                          f"messages={meta.get('messages', 0):>6} attempts={meta.get('attempts', 0):>6} "
-                          f"processed={meta.get('processed', 0):>6} moved={meta.get('moved', 0):>5} "
-                          f"{meta.get('duration_s', 0):6.1f}s")
-        runs += launched
-        if not launched and not waiting:
-            return runs
-        if not launched:
-            time.sleep(0.5)
-    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,29 +43,43 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     lake = Path(args.lake)
     shutil.rmtree(lake, ignore_errors=True)
+    # The handlers' "application database"; set before Spark starts so its workers inherit it.
+    os.environ["POISON_PIPELINE_APP_DB"] = str((lake / "app_db").resolve())
     declaration = shortened(load_declaration(args.config), lake, timedelta(seconds=args.delay))
     rng, now = random.Random(7), datetime.now(UTC)
-    sent = {
-        "inventory": enqueue(declaration, "inventory", inventory_messages(args.inventory, rng)),
-        "orders": enqueue(declaration, "orders",
-                          order_messages(args.orders, now, rng)),
+    received = {
+        "inventory": enqueue(declaration, "inventory", inventory_messages(args.inventory, rng)).accepted,
+        "orders": enqueue(declaration, "orders", order_messages(args.orders, now, rng)).accepted,
     }
-    for queue, result in sent.items():
-        print(f"enqueued {result.accepted} messages to {queue} ({len(result.refused)} refused)")
+    for queue, count in received.items():
+        print(f"enqueued {count} messages to {queue}")
     defs = build_definitions(declaration)
     with DagsterInstance.ephemeral() as instance:
-        runs = drive(defs, instance, deadline=time.monotonic() + 240)
-    print(f"\n{runs} Dagster runs launched by the sensors in {time.monotonic() - started:.0f}s\n")
-    ok = True
-    for queue, result in sent.items():
+        driver = Driver(defs, instance)
+        runs = driver.drive()
+        print(f"\n{runs} Dagster runs launched by the sensors in {time.monotonic() - started:.0f}s")
+        stories = {
+            "conversations": scenarios.conversations(declaration, driver),
+            "outage": scenarios.outage(declaration, driver),
+            "resend": scenarios.resend(declaration, driver),
+        }
+    print(f"\nall done in {time.monotonic() - started:.0f}s\n")
+    ok = all(stories.values())
+    for story, passed in stories.items():
+        print(f"scenario {story}: {'OK' if passed else 'NOT AS EXPECTED'}")
+    for queue in declaration.queues:
         tables = QueueTables.of(declaration, queue)
-        print(f"{queue}:")
-        for table in tables.all_tables:
-            print(f"  {table:<14} {tables.open(table).count():>8}")
         line = conservation(tables)
-        ok = ok and line.accounted == result.accepted
-        print("  " + line.line(received=result.accepted))
+        arrived = line.accounted if queue not in received else received[queue] + _extra(queue)
+        ok = ok and line.accounted == arrived
+        counts = "  ".join(f"{t}={tables.open(t).count()}" for t in tables.all_tables if tables.exists(t))
+        print(f"\n{queue}: {counts}\n  " + line.line(received=arrived))
     return 0 if ok else 1
+
+
+def _extra(queue: str) -> int:
+    # The outage scenario enqueues 2,000 more inventory withdrawals.
+    return 2_000 if queue == "inventory" else 0
 
 
 if __name__ == "__main__":

@@ -85,13 +85,17 @@ def describe(error: BaseException) -> ErrorInfo:
 
 
 class Classifier:
-    """Decides whether an error is unrecoverable; built once per worker from the policy."""
+    """Decides whether an error is unrecoverable or points at an outage; built once per worker."""
 
-    def __init__(self, rule: Unrecoverable) -> None:
+    def __init__(self, rule: Unrecoverable, outage_errors: list[str] | None = None) -> None:
         self._types = tuple(import_exception(p) for p in rule.exceptions)
         self._codes = frozenset(rule.codes)
+        self._outage = tuple(import_exception(p) for p in outage_errors or [])
 
     def unrecoverable(self, error: BaseException, info: ErrorInfo) -> bool:
         if self._types and isinstance(error, self._types):
             return True
         return info.code is not None and info.code in self._codes
+
+    def outage(self, error: BaseException) -> bool:
+        return bool(self._outage) and isinstance(error, self._outage)

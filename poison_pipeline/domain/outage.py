@@ -4,10 +4,10 @@ from __future__ import annotations
 
 
 class OutageDetector:
-    """Counts messages in a row whose every attempt failed with a recoverable error.
+    """Counts failed attempts in a row whose error points at a dependency (policy outage_errors).
 
-    Messages that failed unrecoverably say something about themselves, not about a dependency,
-    so they neither count nor break the run; any success does.
+    Any success resets the run: it proves the dependency answers. Other failures say something
+    about their message, not about a dependency, so they neither count nor reset it.
     """
 
     def __init__(self, threshold: int) -> None:
@@ -17,7 +17,7 @@ class OutageDetector:
     def succeeded(self) -> None:
         self.streak = 0
 
-    def failed(self) -> bool:
-        """Count one failed message; True when the run reaches the threshold (0 never trips)."""
-        self.streak += 1
+    def failed(self, attempts: int) -> bool:
+        """Count `attempts` more outage failures; True once the run reaches the threshold (0: never)."""
+        self.streak += attempts
         return 0 < self.threshold <= self.streak

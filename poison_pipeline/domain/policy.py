@@ -82,9 +82,14 @@ class Policy(_Strict):
     # (Service Broker option C: skipping one message would leave the exchange in an illegal state).
     on_conversation_poison: OnConversationPoison = OnConversationPoison.RETRY_WHOLE
     conversation_error_code: int = Field(default=1, gt=0)
-    # Service Broker disables a queue after five rollbacks in a row; here: this many messages in a
-    # row failed every attempt with a recoverable error and nothing succeeded in between. 0 = off.
+    # Service Broker disables a queue after five rollbacks in a row. Here: this many attempts in a
+    # row failed with an error that points at a dependency (`outage_errors`, subclasses included)
+    # and nothing succeeded in between. Other failures are the messages' own business (a profile
+    # that does not exist yet), so they neither count nor reset the run. 0 turns detection off.
     outage_threshold: int = Field(default=5, ge=0)
+    outage_errors: list[str] = Field(
+        default_factory=lambda: ["ConnectionError", "TimeoutError", "poison_pipeline.domain.errors:HandlerTimeout"]
+    )
     # A sent conversation that fails with an error Service Broker leaves undefined (-8470 target
     # dropped, -8469 altered, -8487 contract dropped): resend its pending messages or dead-letter them.
     on_undefined_error: OnUndefinedError = OnUndefinedError.DEAD_LETTER
@@ -92,6 +97,13 @@ class Policy(_Strict):
     # cycle reads to recent history instead of all of it.
     dedup_window: Duration = timedelta(days=7)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+
+    @field_validator("outage_errors")
+    @classmethod
+    def _outage_exceptions(cls, value: list[str]) -> list[str]:
+        for path in value:
+            import_exception(path)
+        return value
 
     @field_validator("retry_cycle_delay", "dedup_window")
     @classmethod

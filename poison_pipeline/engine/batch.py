@@ -129,7 +129,7 @@ class Processor:
         self.spec = spec
         self.handler = import_callable(spec.handler) if spec.handler else None
         self.batch_size = batch_size(self.handler) if self.handler else None
-        self.classifier = Classifier(spec.policy.unrecoverable)
+        self.classifier = Classifier(spec.policy.unrecoverable, spec.policy.outage_errors)
         self.waiting = frozenset(waiting_tables(spec.policy))
         self._routes: dict[tuple[Outcome, bool, bool], Route] = {}
         self.outage = OutageDetector(spec.policy.outage_threshold)
@@ -226,11 +226,11 @@ class Processor:
         if delivery.outcome is Outcome.SUCCEEDED:
             self.outage.succeeded()
             self.exposed.clear()
-        elif self.tripped:
+        elif delivery.outage_failures and self.tripped:
             changes.uncharge(index)  # delivered in the same batch call as the message that tripped it
-        elif delivery.outcome is Outcome.EXHAUSTED and self.outage.threshold:
+        elif delivery.outage_failures and self.outage.threshold:
             self.exposed.append((changes, index))
-            if self.outage.failed():
+            if self.outage.failed(delivery.outage_failures):
                 self._trip()
 
     def _trip(self) -> None:

@@ -146,8 +146,9 @@ def _disable_events(summary: pa.Table, entry: JournalEntry, now: datetime) -> pa
     rows = []
     for disposition, why in (
         (Disposition.FAULTED, "faulted after their last retry cycle (receive_error_handling: fault)"),
-        (Disposition.OUTAGE, "failed every attempt in a row with nothing succeeding: an outage of what the "
-                             "handler depends on is likely; the cycle stopped and charged them nothing"),
+        (Disposition.OUTAGE, "returned uncharged: attempts failed in a row with an error that points at a "
+                             "dependency (policy outage_errors) and nothing succeeded, so an outage is likely "
+                             "and the cycle stopped"),
     ):
         hit = summary.filter(pc.equal(summary["disposition"], disposition.value))
         if hit.num_rows == 0:

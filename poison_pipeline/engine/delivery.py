@@ -73,6 +73,8 @@ class Delivery:
     last_error: ErrorInfo | None
     # What the successful attempt sent to other queues; a failed attempt's sends are discarded.
     sent: list[Outgoing] = field(default_factory=list)
+    # Failed attempts whose error points at an outage of a dependency (policy outage_errors).
+    outage_failures: int = 0
 
 
 def deliver(
@@ -85,6 +87,7 @@ def deliver(
     """Up to `max_attempts` attempts; stop at the first success or unrecoverable error."""
     records: list[AttemptRecord] = []
     error_info: ErrorInfo | None = None
+    outages = 0
     for attempt in range(1, max_attempts + 1):
         started, clock = time.time_ns() // 1000, time.perf_counter()
         message = make_message(attempt)
@@ -95,8 +98,9 @@ def deliver(
             outcome = "timeout" if isinstance(error, HandlerTimeout) else "abort"
             records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, outcome, error_info))
             if classifier.unrecoverable(error, error_info):
-                return Delivery(Outcome.UNRECOVERABLE, records, len(records), error_info)
+                return Delivery(Outcome.UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
+            outages += classifier.outage(error)
             continue
         records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, "success", None))
-        return Delivery(Outcome.SUCCEEDED, records, len(records) - 1, error_info, message.outbox)
-    return Delivery(Outcome.EXHAUSTED, records, len(records), error_info)
+        return Delivery(Outcome.SUCCEEDED, records, len(records) - 1, error_info, message.outbox, outages)
+    return Delivery(Outcome.EXHAUSTED, records, len(records), error_info, outage_failures=outages)
