@@ -86,12 +86,6 @@ def test_batch_handler_rejects_a_bad_size():
         batch_handler(max_messages=0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Processor.process adds the route of a message settled before delivery (expired, duplicate, "
-    "ended conversation) to Changes at once, but the routes of a batch handler's group only when the group is "
-    "delivered; Changes.apply pairs routes with rows by position, so every row of a pending group gets its "
-    "neighbour's route and attempts: here g1 is dead-lettered as expired and the expired message is "
-    "recorded as processed with g1's success attempt"))
 def test_a_message_settled_before_delivery_does_not_shift_the_batch_routes(spark, make_declaration, tmp_path):
     declaration = declare(make_declaration)
     log = tmp_path / "calls.jsonl"

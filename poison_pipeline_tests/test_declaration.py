@@ -67,4 +67,4 @@ def test_yaml_file_relative_lake_root_and_errors(tmp_path):
 
 def test_the_example_declaration_loads():
     declaration = load_declaration("poison_pipeline.yaml")
-    assert set(declaration.queues) == {"inventory", "orders"}
+    assert set(declaration.queues) == {"inventory", "orders", "accounts", "presentations", "checkout", "shipping"}

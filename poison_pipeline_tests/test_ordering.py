@@ -232,11 +232,6 @@ def test_without_ordering_a_failure_holds_nothing(spark, make_declaration, tmp_p
     assert places(declaration) == {"n1": ["retry_1"], "n2": ["processed:processed"]}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: with receive_error_handling drop the failing message is dropped alone (its route goes to the "
-    "processed ledger, so Processor._settle never sets `holding`) and the held later messages of its "
-    "conversation are then delivered and processed after the gap; WCF sessions drop a poisoned session "
-    "as a whole, SPEC 5 says the conversation follows the disposition as a whole"))
 def test_drop_drops_the_whole_conversation(spark, make_declaration, tmp_path):
     declaration = make_declaration(ordered_queue(receive_error_handling="drop"))
     log = tmp_path / "deliveries.jsonl"
@@ -249,11 +244,6 @@ def test_drop_drops_the_whole_conversation(spark, make_declaration, tmp_path):
     assert places(declaration)["m2"] == ["processed:dropped"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: when an earlier message of a conversation arrives in inbound while a later one waits in retry_1, "
-    "the retry_1 cycle 'joins' the waiting message back into inbound (route_joined('inbound'): move_count+1, "
-    "abort_count reset), so it starts its retry cycles over and gets more than "
-    "(receive_retry_count+1)*(max_retry_cycles+1) attempts in all"))
 def test_a_waiting_message_never_moves_back_to_inbound(spark, make_declaration, tmp_path):
     declaration = make_declaration(ordered_queue())
     log = tmp_path / "deliveries.jsonl"

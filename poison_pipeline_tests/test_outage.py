@@ -192,11 +192,6 @@ def test_faulted_messages_of_one_cycle_raise_one_event(spark, make_declaration, 
     assert not queue_state(QueueTables.of(declaration, "q")).enabled
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: under on_conversation_poison: end_conversation a held message takes its head's route unchanged "
-    "(route_held returns CONVERSATION_ENDED, reason 'conversation_ended', not 'held'), so Processor.process "
-    "does not add it to `exposed`; when the outage trips, the failed heads are uncharged back to inbound but "
-    "their held followers stay routed to dead_letter as conversation_ended, although no conversation is ended"))
 def test_an_outage_uncharges_held_messages_of_conversations_it_would_end(spark, make_declaration, lake):
     declaration = declare(make_declaration, max_retry_cycles=0, ordering="conversation",
                           on_conversation_poison="end_conversation")
@@ -212,12 +207,6 @@ def test_an_outage_uncharges_held_messages_of_conversations_it_would_end(spark, 
     assert len(rows(declaration, "inbound")) == 12
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "QUESTIONABLE (working-tree semantics of 07:15): the streak counts failed attempts, not messages, so with "
-    "the WCF default receive_retry_count 5 ONE message whose own handling always raises a ConnectionError "
-    "(e.g. a bad endpoint in its body) makes 6 outage failures, trips the detector alone, is never charged, "
-    "stops the good messages behind it and disables the queue again after every enable: it can never become "
-    "poison (SPEC 1: a message that can never be processed must not stop the good ones)"))
 def test_one_message_alone_cannot_trip_the_outage(spark, make_declaration, lake):
     declaration = declare(make_declaration, receive_retry_count=5)
     put(declaration, [lake.down("bad"), lake.record("ok1"), lake.record("ok2")])

@@ -82,7 +82,7 @@ class Policy(_Strict):
     # (Service Broker option C: skipping one message would leave the exchange in an illegal state).
     on_conversation_poison: OnConversationPoison = OnConversationPoison.RETRY_WHOLE
     conversation_error_code: int = Field(default=1, gt=0)
-    # Service Broker disables a queue after five rollbacks in a row. Here: this many attempts in a
+    # Service Broker disables a queue after five rollbacks in a row. Here: this many messages in a
     # row failed with an error that points at a dependency (`outage_errors`, subclasses included)
     # and nothing succeeded in between. Other failures are the messages' own business (a profile
     # that does not exist yet), so they neither count nor reset the run. 0 turns detection off.

@@ -39,6 +39,8 @@ class Disposition(StrEnum):
     QUARANTINED = "quarantined"
     FAULTED = "faulted"
     ENDED = "ended"
+    # Not attempted: an earlier message of its conversation waits upstream; it stays where it is.
+    HELD = "held"
     # Returned where it was, uncharged: the cycle stopped because a dependency looked down.
     OUTAGE = "outage"
 
@@ -121,9 +123,13 @@ def route_held(head: Route) -> Route:
     return Route(head.destination, head.disposition, "held")
 
 
-def route_joined(table: str) -> Route:
-    """A message whose conversation has an earlier message waiting in `table`: it joins it there."""
-    return Route(table, Disposition.MOVED, "held")
+def route_joined(table: str, waiting: list[str], current: str) -> Route:
+    """A message whose conversation has an earlier message waiting in `table`: it joins it there
+    when that is further down the flow, and otherwise waits where it is (a message never moves
+    back upstream, which would give it more attempts than the policy allows)."""
+    if waiting.index(table) > waiting.index(current):
+        return Route(table, Disposition.MOVED, "held")
+    return Route(STAY, Disposition.HELD, "held")
 
 
 def route_poison(outcome: Outcome, poison: PoisonQueuePolicy, expired: bool) -> Route:

@@ -17,7 +17,7 @@ from poison_pipeline.domain.policy import Ordering, PoisonQueuePolicy, Policy
 from poison_pipeline.domain.routing import (
     OUTAGE,
     POISON,
-    PROCESSED,
+    STAY,
     Outcome,
     Route,
     cycle_number,
@@ -40,7 +40,7 @@ class Blocked:
     """Where a conversation's earliest waiting message is, when it is not in the cycle's table."""
 
     table: str
-    sequence_number: int | None
+    sequence_number: int
     due_at: datetime
 
 
@@ -130,7 +130,8 @@ class Processor:
         self.handler = import_callable(spec.handler) if spec.handler else None
         self.batch_size = batch_size(self.handler) if self.handler else None
         self.classifier = Classifier(spec.policy.unrecoverable, spec.policy.outage_errors)
-        self.waiting = frozenset(waiting_tables(spec.policy))
+        self.waiting_order = waiting_tables(spec.policy)
+        self.waiting = frozenset(self.waiting_order)
         self._routes: dict[tuple[Outcome, bool, bool], Route] = {}
         self.outage = OutageDetector(spec.policy.outage_threshold)
         self.tripped = False
@@ -152,14 +153,15 @@ class Processor:
     def process(self, batch: pa.RecordBatch) -> Changes:
         spec = self.spec
         rows = _Rows(batch, spec.now)
-        changes = Changes(self.waiting, spec.now, spec.policy.retry_cycle_delay)
+        changes = Changes(batch.num_rows, self.waiting, spec.now, spec.policy.retry_cycle_delay)
         deliverable: list[int] = []
         for i in range(batch.num_rows):
             early = self._early(rows, i)
             if early is not None:
-                index = changes.add(*early)
-                if early[0].reason == "held" and self.holding is not None and self.exposed:
-                    self.exposed.append((changes, index))  # it follows a message an outage may undo
+                route, due, held = early
+                changes.set(i, route, None, due)
+                if held and self.exposed:
+                    self.exposed.append((changes, i))  # it follows a message an outage may undo
             elif self.batch_size:
                 deliverable.append(i)
                 if len(deliverable) == self.batch_size:
@@ -171,26 +173,29 @@ class Processor:
             self._deliver_group(rows, deliverable, changes)
         return changes
 
-    def _early(self, rows: _Rows, i: int) -> tuple[Route, None, datetime | None] | None:
-        """The route of a message that is not delivered in this cycle, if it is one."""
+    def _early(self, rows: _Rows, i: int) -> tuple[Route, datetime | None, bool] | None:
+        """The route of a message that is not delivered in this cycle (with its due time, and
+        whether it is held behind an earlier message of its conversation), if it is one."""
         spec, c = self.spec, rows.columns
         message_id, conversation = c["message_id"][i], c["conversation_id"][i]
         duplicate = message_id in spec.seen or (message_id, c["batch_id"][i]) in spec.losers
         early = route_before_delivery(rows.expired[i], duplicate, conversation in spec.ended)
         if early is not None:
-            return early, None, None
+            return early, None, False
         if self.tripped:
-            return OUTAGE, None, None
-        if spec.ordered and conversation is not None:
+            return OUTAGE, None, False
+        sequence = c["sequence_number"][i]
+        # Messages without a sequence number take no part in ordering.
+        if spec.ordered and conversation is not None and sequence is not None:
             if self.holding is not None and self.holding[0] == conversation:
-                return route_held(self.holding[1]), None, None
+                return route_held(self.holding[1]), None, True
             blocked = spec.blocked.get(conversation)
-            sequence = c["sequence_number"][i]
-            if blocked is not None and (sequence is None or blocked.sequence_number is None
-                                        or blocked.sequence_number < sequence):
-                return route_joined(blocked.table), None, blocked.due_at
+            if blocked is not None and blocked.sequence_number < sequence:
+                route = route_joined(blocked.table, self.waiting_order, spec.table)
+                due = blocked.due_at if route.destination != STAY else spec.now + spec.policy.retry_cycle_delay
+                return route, due, False
         if self.handler is None:  # the poison queue's default reader: quarantine
-            return route_poison(Outcome.EXHAUSTED, spec.poison, rows.expired[i]), None, None
+            return route_poison(Outcome.EXHAUSTED, spec.poison, rows.expired[i]), None, False
         return None
 
     def _message(self, rows: _Rows, i: int, envelope: Envelope, attempt: int) -> Message:
@@ -220,17 +225,18 @@ class Processor:
         """Route a delivered message, and let its outcome hold its conversation or trip the outage."""
         conversation = rows.columns["conversation_id"][i]
         route = self._route(delivery.outcome, rows.expired[i], conversation is not None)
-        index = changes.add(route, delivery)
-        if self.spec.ordered and conversation is not None and route.destination != PROCESSED:
-            self.holding = (conversation, route)
+        changes.set(i, route, delivery)
         if delivery.outcome is Outcome.SUCCEEDED:
             self.outage.succeeded()
             self.exposed.clear()
-        elif delivery.outage_failures and self.tripped:
-            changes.uncharge(index)  # delivered in the same batch call as the message that tripped it
+            return
+        if self.spec.ordered and conversation is not None and rows.columns["sequence_number"][i] is not None:
+            self.holding = (conversation, route)
+        if delivery.outage_failures and self.tripped:
+            changes.uncharge(i)  # delivered in the same batch call as the message that tripped it
         elif delivery.outage_failures and self.outage.threshold:
-            self.exposed.append((changes, index))
-            if self.outage.failed(delivery.outage_failures):
+            self.exposed.append((changes, i))
+            if self.outage.failed():
                 self._trip()
 
     def _trip(self) -> None:

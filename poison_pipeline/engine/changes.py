@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import pyarrow as pa
@@ -25,36 +26,23 @@ _LEDGER_COLUMNS = frozenset(schemas.PROCESSED.names) | {"destination", "disposit
 
 
 class Changes:
-    """What a cycle does to each message of one Arrow batch, gathered row by row in input order."""
+    """What a cycle does to each message of one Arrow batch, set per row (in any order: a batch
+    handler's group is settled after the early routes of rows that come after it)."""
 
-    def __init__(self, waiting: frozenset[str], now: datetime, delay: timedelta) -> None:
+    def __init__(self, rows: int, waiting: frozenset[str], now: datetime, delay: timedelta) -> None:
         self.waiting = waiting
         self.now = now
         self.delay = delay
-        self.routes: list[Route] = []
-        self.failures: list[int] = []
-        self.errors: list[ErrorInfo | None] = []
-        self.due: list[datetime | None] = []
-        self.offsets: list[int] = [0]
-        self.attempts: list[AttemptRecord] = []
-        self.sent_offsets: list[int] = [0]
-        self.sent: list[Outgoing] = []
+        self.routes: list[Route | None] = [None] * rows
+        self.deliveries: list[Delivery | None] = [None] * rows
+        self.due: list[datetime | None] = [None] * rows
+        self.uncharged: set[int] = set()
 
-    def add(self, route: Route, delivery: Delivery | None = None, due: datetime | None = None) -> int:
-        """Record a message's route (and its delivery, if it was attempted); returns its index."""
-        self.routes.append(route)
-        if delivery is None:
-            self.failures.append(0)
-            self.errors.append(None)
-        else:
-            self.failures.append(delivery.failures)
-            self.errors.append(delivery.last_error)
-            self.attempts.extend(delivery.attempts)
-            self.sent.extend(delivery.sent)
-        self.offsets.append(len(self.attempts))
-        self.sent_offsets.append(len(self.sent))
-        self.due.append(due or self._due(route.destination))
-        return len(self.routes) - 1
+    def set(self, index: int, route: Route, delivery: Delivery | None = None, due: datetime | None = None) -> None:
+        """Record a message's route (and its delivery, if it was attempted)."""
+        self.routes[index] = route
+        self.deliveries[index] = delivery
+        self.due[index] = due or self._due(route.destination)
 
     def _due(self, destination: str) -> datetime | None:
         if destination in (STAY, POISON):
@@ -64,23 +52,23 @@ class Changes:
         return None
 
     def uncharge(self, index: int) -> None:
-        """Return a message where it was with its counts untouched; its attempts stay on record,
-        marked as made during an outage."""
+        """Return a message where it was with its counts untouched; its failed attempts stay on
+        record, marked as made during an outage."""
+        delivery = self.deliveries[index]
+        assert delivery is None or not delivery.sent, "an uncharged message sent nothing"
         self.routes[index] = OUTAGE
-        self.failures[index] = 0
-        assert self.sent_offsets[index] == self.sent_offsets[index + 1], "an uncharged message sent nothing"
         self.due[index] = self.now
-        for k in range(self.offsets[index], self.offsets[index + 1]):
-            record = self.attempts[k]
-            if record.outcome != "success":
-                self.attempts[k] = record._replace(outcome="outage")
+        self.uncharged.add(index)
 
     def apply(self, batch: pa.RecordBatch, out_batch: str) -> pa.RecordBatch:
-        destinations = [r.destination for r in self.routes]
+        routes = [r for r in self.routes if r is not None]
+        assert len(routes) == batch.num_rows, "every message of the batch has a route"
+        flat = self._flatten()
+        destinations = [r.destination for r in routes]
         # A move between queues: MSMQ counts it and starts the abort count afresh.
         moved = pa.array([d in self.waiting for d in destinations])
         processed = pa.array([d == PROCESSED for d in destinations])
-        failures = pa.array(self.failures, pa.int32())
+        failures = pa.array(flat.failures, pa.int32())
         columns = {
             "abort_count": pc.if_else(moved, 0, pc.add(batch.column("abort_count"), failures)),
             "total_abort_count": pc.add(batch.column("total_abort_count"), failures),
@@ -90,13 +78,13 @@ class Changes:
             "batch_id": pc.if_else(processed, batch.column("batch_id"), pa.scalar(out_batch)),
         }
         for name, attribute in _ERROR_COLUMNS.items():
-            new = pa.array([getattr(e, attribute) if e is not None else None for e in self.errors], pa.string())
+            new = pa.array([getattr(e, attribute) if e is not None else None for e in flat.errors], pa.string())
             columns[name] = pc.coalesce(new, batch.column(name))
         columns["destination"] = pa.array(destinations, pa.string())
-        columns["disposition"] = pa.array([r.disposition.value for r in self.routes], pa.string())
-        columns["reason"] = pa.array([r.reason for r in self.routes], pa.string())
-        columns["attempts"] = self._attempts()
-        columns["sent"] = self._sent()
+        columns["disposition"] = pa.array([r.disposition.value for r in routes], pa.string())
+        columns["reason"] = pa.array([r.reason for r in routes], pa.string())
+        columns["attempts"] = _attempts(flat.attempts, flat.attempt_offsets)
+        columns["sent"] = _sent(flat.sent, flat.sent_offsets)
         arrays = []
         for f in schemas.RESULT:
             array = columns[f.name] if f.name in columns else batch.column(f.name)
@@ -105,25 +93,57 @@ class Changes:
             arrays.append(array)
         return pa.RecordBatch.from_arrays(arrays, schema=schemas.RESULT)
 
-    def _attempts(self) -> pa.Array:
-        records = self.attempts
-        errors = [a.error for a in records]
-        fields = [
-            pa.array([a.attempt for a in records], pa.int32()),
-            pa.array([a.started_us for a in records], schemas.TS),
-            pa.array([a.duration_ms for a in records], pa.float64()),
-            pa.array([a.outcome for a in records], pa.string()),
-            *(pa.array([getattr(e, attr) if e is not None else None for e in errors], pa.string())
-              for attr in _ERROR_COLUMNS.values()),
-        ]
-        values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
-        return pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), values)
+    def _flatten(self) -> _Flat:
+        flat = _Flat()
+        for index, delivery in enumerate(self.deliveries):
+            if delivery is None:
+                flat.failures.append(0)
+                flat.errors.append(None)
+            elif index in self.uncharged:
+                flat.failures.append(0)
+                flat.errors.append(delivery.last_error)
+                flat.attempts.extend(a if a.outcome == "success" else a._replace(outcome="outage")
+                                     for a in delivery.attempts)
+            else:
+                flat.failures.append(delivery.failures)
+                flat.errors.append(delivery.last_error)
+                flat.attempts.extend(delivery.attempts)
+                flat.sent.extend(delivery.sent)
+            flat.attempt_offsets.append(len(flat.attempts))
+            flat.sent_offsets.append(len(flat.sent))
+        return flat
 
-    def _sent(self) -> pa.Array:
-        sent = self.sent
-        fields = [
-            pa.array([getattr(o, f.name) if f.name != "headers" else list(o.headers.items()) for o in sent], f.type)
-            for f in schemas.SENT_FIELDS
-        ]
-        values = pa.StructArray.from_arrays(fields, fields=schemas.SENT_FIELDS)
-        return pa.ListArray.from_arrays(pa.array(self.sent_offsets, pa.int32()), values)
+
+@dataclass
+class _Flat:
+    """Per-row deliveries as the flat lists the output columns are built from."""
+
+    failures: list[int] = field(default_factory=list)
+    errors: list[ErrorInfo | None] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    attempt_offsets: list[int] = field(default_factory=lambda: [0])
+    sent: list[Outgoing] = field(default_factory=list)
+    sent_offsets: list[int] = field(default_factory=lambda: [0])
+
+
+def _attempts(records: list[AttemptRecord], offsets: list[int]) -> pa.Array:
+    errors = [a.error for a in records]
+    fields = [
+        pa.array([a.attempt for a in records], pa.int32()),
+        pa.array([a.started_us for a in records], schemas.TS),
+        pa.array([a.duration_ms for a in records], pa.float64()),
+        pa.array([a.outcome for a in records], pa.string()),
+        *(pa.array([getattr(e, attr) if e is not None else None for e in errors], pa.string())
+          for attr in _ERROR_COLUMNS.values()),
+    ]
+    values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+
+
+def _sent(sent: list[Outgoing], offsets: list[int]) -> pa.Array:
+    fields = [
+        pa.array([getattr(o, f.name) if f.name != "headers" else list(o.headers.items()) for o in sent], f.type)
+        for f in schemas.SENT_FIELDS
+    ]
+    values = pa.StructArray.from_arrays(fields, fields=schemas.SENT_FIELDS)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)

@@ -64,7 +64,7 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[s
 
     attempts = _attempt_rows(staged, entry, cycle, now)
     commit(ATTEMPTS, attempts)
-    summary = staged.to_table(columns=["destination", "disposition", "message_id", "last_error_type"])
+    summary = staged.to_table(columns=["destination", "disposition"])
     destinations = set(summary["destination"].to_pylist())
     for destination in sorted(destinations):
         rows = staged.to_table(filter=pc.field("destination") == destination)
@@ -81,7 +81,7 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[s
             commit(entry.table if destination == STAY else destination, _with(rows, schemas.MESSAGE))
     commit(TRANSMISSION, _sent_rows(staged, tables.queue, entry, now))
     commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
-    commit(EVENTS, _disable_events(summary, entry, now))
+    commit(EVENTS, _disable_events(staged, entry, now))
     tables.remove_batches(entry.table, entry.batches)
     counts: dict[str, float] = dict(Counter(summary["disposition"].to_pylist()))
     counts["messages"] = summary.num_rows
@@ -140,27 +140,32 @@ def _negative_acknowledgements(staged: pads.Dataset, entry: JournalEntry, now: d
     return pa.Table.from_pylist(rows, schema=schemas.NOTIFICATIONS)
 
 
-def _disable_events(summary: pa.Table, entry: JournalEntry, now: datetime) -> pa.Table:
+def _disable_events(staged: pads.Dataset, entry: JournalEntry, now: datetime) -> pa.Table:
     """One queue_disabled event per cycle that faulted messages or stopped on an outage: an alert
     per cycle, not per message."""
     rows = []
-    for disposition, why in (
-        (Disposition.FAULTED, "faulted after their last retry cycle (receive_error_handling: fault)"),
-        (Disposition.OUTAGE, "returned uncharged: attempts failed in a row with an error that points at a "
-                             "dependency (policy outage_errors) and nothing succeeded, so an outage is likely "
-                             "and the cycle stopped"),
-    ):
-        hit = summary.filter(pc.equal(summary["disposition"], disposition.value))
-        if hit.num_rows == 0:
-            continue
-        ids = hit["message_id"].to_pylist()
-        sample = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
-        error = next((e for e in hit["last_error_type"].to_pylist() if e), None)
-        reason = f"{len(ids)} message(s) in {entry.table} {why} ({sample})"
-        if error:
-            reason += f"; last error {error}"
+    faulted = staged.to_table(columns=["message_id", "last_error_type"],
+                              filter=pc.field("disposition") == Disposition.FAULTED.value)
+    if faulted.num_rows:
+        ids = faulted["message_id"].to_pylist()
+        reason = (f"{len(ids)} message(s) in {entry.table} faulted after their last retry cycle "
+                  f"(receive_error_handling: fault): {_sample(ids)}; last error {faulted['last_error_type'][0]}")
         rows.append(event_row(QUEUE_DISABLED, now, "poison_pipeline", reason, ids[0], entry.table))
+    returned = staged.to_table(columns=["message_id", "attempts", "last_error_type"],
+                               filter=pc.field("disposition") == Disposition.OUTAGE.value)
+    if returned.num_rows:
+        failing = returned.filter(pc.greater(pc.list_value_length(returned["attempts"]), 0))
+        ids = failing["message_id"].to_pylist()
+        error = failing["last_error_type"][0] if failing.num_rows else None
+        reason = (f"outage suspected: {len(ids)} message(s) in a row in {entry.table} failed with {error}, an error "
+                  "that points at a dependency (policy outage_errors), and nothing succeeded; the cycle stopped and "
+                  f"returned {returned.num_rows} message(s) uncharged. Failed: {_sample(ids)}")
+        rows.append(event_row(QUEUE_DISABLED, now, "poison_pipeline", reason, ids[0] if ids else None, entry.table))
     return pa.Table.from_pylist(rows, schema=schemas.EVENTS)
+
+
+def _sample(ids: list[str]) -> str:
+    return ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
 
 
 def end_failed_conversations(declaration: Declaration, tables: QueueTables, entry: JournalEntry) -> dict[str, float]:

@@ -35,9 +35,10 @@ def blocked_conversations(tables: QueueTables, table: str, batches: list[str]) -
     for other in tables.waiting:
         if other == table or not tables.exists(other):
             continue
+        # Messages without a sequence number take no part in ordering: they hold nothing back.
         rows = tables.open(other).to_pyarrow_dataset().to_table(
             columns=["conversation_id", "sequence_number", "due_at"],
-            filter=pc.field("conversation_id").isin(conversations),
+            filter=pc.field("conversation_id").isin(conversations) & pc.field("sequence_number").is_valid(),
         )
         if rows.num_rows == 0:
             continue
@@ -51,8 +52,6 @@ def blocked_conversations(tables: QueueTables, table: str, batches: list[str]) -
 
 
 def _earlier(a: Blocked, b: Blocked) -> bool:
-    if a.sequence_number is None or b.sequence_number is None:
-        return a.sequence_number is None and b.sequence_number is not None
     return a.sequence_number < b.sequence_number
 
 
