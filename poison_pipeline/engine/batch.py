@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,6 +34,7 @@ from poison_pipeline.engine.changes import Changes
 from poison_pipeline.engine.delivery import Delivery, deliver
 from poison_pipeline.handlers import batch_size
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.inflight import Marker
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,10 @@ class CycleSpec:
     losers: frozenset[tuple[str, str]] = frozenset()
     ended: frozenset[str] = frozenset()
     blocked: dict[str, Blocked] = field(default_factory=dict)
+    # Set on the careful re-run after a worker died: where each task marks the message in flight,
+    # and how many of this cycle's attempts of each message killed their worker.
+    inflight: str | None = None
+    crashed: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_poison(self) -> bool:
@@ -121,6 +127,10 @@ class _Rows:
         )
 
 
+def _one_of(batch_handler: Callable[[list[Message]], Any]) -> Callable[[Message], Any]:
+    return lambda message: batch_handler([message])
+
+
 class Processor:
     """Decides the route of every message of a partition, in its order; instances live on the
     executors. With conversation ordering the partition comes sorted by conversation and sequence."""
@@ -139,8 +149,10 @@ class Processor:
         self.exposed: list[tuple[Changes, int]] = []
         # The conversation whose failed message holds the rest of it in this cycle, and its route.
         self.holding: tuple[str, Route] | None = None
+        self.marker: Marker | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        self.marker = Marker(self.spec.inflight) if self.spec.inflight else None
         # A batch is held back while an outage could still undo some of its routes.
         pending: list[tuple[pa.RecordBatch, Changes]] = []
         for batch in batches:
@@ -149,6 +161,8 @@ class Processor:
                 yield from (changes.apply(b, self.spec.out_batch) for b, changes in pending)
                 pending.clear()
         yield from (changes.apply(b, self.spec.out_batch) for b, changes in pending)
+        if self.marker is not None:
+            self.marker.clear()
 
     def process(self, batch: pa.RecordBatch) -> Changes:
         spec = self.spec
@@ -162,7 +176,7 @@ class Processor:
                 changes.set(i, route, None, due)
                 if held and self.exposed:
                     self.exposed.append((changes, i))  # it follows a message an outage may undo
-            elif self.batch_size:
+            elif self.batch_size and self.spec.inflight is None:
                 deliverable.append(i)
                 if len(deliverable) == self.batch_size:
                     self._deliver_group(rows, deliverable, changes)
@@ -204,10 +218,16 @@ class Processor:
                        rows.columns["move_count"][i], c.cycle, attempt)
 
     def _deliver_one(self, rows: _Rows, i: int, changes: Changes) -> None:
-        assert self.handler is not None
+        handler = self.handler
+        assert handler is not None
+        if self.batch_size:  # one at a time on a careful re-run, so a dead worker names its message
+            handler = _one_of(handler)
         envelope = rows.envelope(i)
-        delivery = deliver(self.handler, lambda attempt: self._message(rows, i, envelope, attempt),
-                           self.spec.attempts_per_cycle, self.spec.timeout_seconds, self.classifier)
+        if self.marker is not None:
+            self.marker.mark(envelope.message_id)
+        delivery = deliver(handler, lambda attempt: self._message(rows, i, envelope, attempt),
+                           self.spec.attempts_per_cycle, self.spec.timeout_seconds, self.classifier,
+                           crashes=self.spec.crashed.get(envelope.message_id, 0))
         self._settle(rows, i, delivery, changes)
 
     def _deliver_group(self, rows: _Rows, indices: list[int], changes: Changes) -> None:

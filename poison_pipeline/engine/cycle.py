@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.domain.declaration import Declaration
@@ -19,6 +19,7 @@ from poison_pipeline.engine.ordering import blocked_conversations, in_conversati
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.conversations import ended_conversations
+from poison_pipeline.storage.inflight import culprits
 from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.transmission import pending_count, transmit
@@ -34,6 +35,7 @@ class CycleReport:
     recovered: dict[str, float] | None = None
     duration_s: float = 0.0
     oldest_age_s: float | None = None
+    worker_deaths: int = 0
 
 
 def _journal(tables: QueueTables, table: str) -> str:
@@ -48,6 +50,42 @@ def _finish(declaration: Declaration, tables: QueueTables, entry: JournalEntry, 
     write_entry(_journal(tables, entry.table), entry)
     remove_tree(entry.staging)
     return counts
+
+
+def _worker_died(error: Exception) -> bool:
+    return "Python worker exited unexpectedly" in str(error)
+
+
+def _stage(batch: DataFrame, spec: CycleSpec, staging: str, inflight: str) -> int:
+    """Deliver on Spark and write the staged results; returns how many workers died doing it.
+
+    A handler that kills its Python worker fails the whole Spark job. The job is then run again
+    carefully: each task marks the message it is delivering, so the next death names its message,
+    which is charged one aborted attempt (outcome `crash`) per death and never called more often
+    than its attempts allow. Every other message is simply delivered again in the next run of the
+    job: nothing of a failed job was committed, and receivers are idempotent by message id.
+    """
+    deaths = 0
+    crashed: dict[str, int] = {}
+    careful = False
+    while True:
+        run = replace(spec, inflight=inflight if careful else None, crashed=dict(crashed))
+        try:
+            batch.mapInArrow(Processor(run), from_arrow_schema(schemas.RESULT)).write.mode("overwrite").parquet(staging)
+            return deaths
+        except Exception as error:
+            if not _worker_died(error):
+                raise
+            deaths += 1
+            # Markers left by an earlier careful run that was itself killed name nobody now.
+            found = culprits(inflight)
+            if not careful:
+                careful = True
+                continue
+            if not found:
+                raise
+            for message_id in found:
+                crashed[message_id] = crashed.get(message_id, 0) + 1
 
 
 def run_cycle(
@@ -111,8 +149,7 @@ def run_cycle(
     )
     if ordered:
         batch = in_conversation_order(batch)
-    results = batch.mapInArrow(Processor(spec), from_arrow_schema(schemas.RESULT))
-    results.write.mode("overwrite").parquet(entry.staging)
+    report.worker_deaths = _stage(batch, spec, entry.staging, tables.work_uri("inflight", table))
     entry.state = "staged"
     write_entry(_journal(tables, table), entry)
     report.seq = seq

@@ -31,6 +31,15 @@ class AttemptRecord(NamedTuple):
     error: ErrorInfo | None
 
 
+WORKER_DIED = ErrorInfo(
+    type="WorkerDied",
+    message="the handler's Python worker process died during this attempt (the handler exited or crashed it)",
+    stack="",
+    signature="worker-died",
+    code=None,
+)
+
+
 def _timed_out(seconds: float) -> HandlerTimeout:
     return HandlerTimeout(f"the handler ran longer than the handler_timeout of {seconds:g}s")
 
@@ -83,12 +92,14 @@ def deliver(
     max_attempts: int,
     timeout: float | None,
     classifier: Classifier,
+    crashes: int = 0,
 ) -> Delivery:
-    """Up to `max_attempts` attempts; stop at the first success or unrecoverable error."""
-    records: list[AttemptRecord] = []
-    error_info: ErrorInfo | None = None
+    """Up to `max_attempts` attempts; stop at the first success or unrecoverable error. The first
+    `crashes` attempts already happened: each killed the worker it ran in."""
+    records = [AttemptRecord(k, time.time_ns() // 1000, 0.0, "crash", WORKER_DIED) for k in range(1, crashes + 1)]
+    error_info: ErrorInfo | None = WORKER_DIED if crashes else None
     outages = 0
-    for attempt in range(1, max_attempts + 1):
+    for attempt in range(crashes + 1, max_attempts + 1):
         started, clock = time.time_ns() // 1000, time.perf_counter()
         message = make_message(attempt)
         try:

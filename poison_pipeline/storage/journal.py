@@ -28,12 +28,12 @@ class JournalEntry:
     summary: dict[str, float] = field(default_factory=dict)
 
 
-def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
+def fs_of(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(uri if "://" in uri else f"file://{uri}")
 
 
 def read_entry(uri: str) -> JournalEntry | None:
-    fs, path = _fs(uri)
+    fs, path = fs_of(uri)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return None
     with fs.open_input_stream(path) as stream:
@@ -42,7 +42,7 @@ def read_entry(uri: str) -> JournalEntry | None:
 
 def write_entry(uri: str, entry: JournalEntry) -> None:
     """Replace the entry atomically: write a temporary file and rename it over the old one."""
-    fs, path = _fs(uri)
+    fs, path = fs_of(uri)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path + ".tmp") as stream:
         stream.write(json.dumps(asdict(entry)).encode())
@@ -50,6 +50,6 @@ def write_entry(uri: str, entry: JournalEntry) -> None:
 
 
 def remove_tree(uri: str) -> None:
-    fs, path = _fs(uri)
+    fs, path = fs_of(uri)
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
         fs.delete_dir(path)
