@@ -4,7 +4,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, MetadataValue, asset
 
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.defs.resources import SparkResource
@@ -29,6 +29,19 @@ _DESCRIPTIONS = {
 }
 
 
+def _spec(declaration: Declaration, queue: str, table: str, upstream: list[str], description: str,
+          spark: bool = False, extra: list[AssetKey] | None = None) -> dict[str, Any]:
+    """What every asset of a queue declares: its key, lineage, group, kinds and table."""
+    return {
+        "key": asset_key(queue, table),
+        "deps": [asset_key(queue, t) for t in upstream] + (extra or []),
+        "group_name": queue,
+        "kinds": {"spark", "delta"} if spark else {"delta"},
+        "description": description,
+        "metadata": {"table_uri": QueueTables.of(declaration, queue).uri(table)},
+    }
+
+
 def cycle_metadata(report: CycleReport) -> dict[str, Any]:
     """Numeric metadata, so the UI plots each outcome over time."""
     counts = report.counts
@@ -50,16 +63,10 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
         "materializing runs that cycle on Spark."
     )
 
-    @asset(
-        key=asset_key(queue, table),
-        # What other queues' handlers send arrives here through their transmission queues.
-        deps=[asset_key(queue, t) for t in upstream]
-        + ([asset_key(q, TRANSMISSION) for q in declaration.senders_to(queue)] if table == INBOUND else []),
-        group_name=queue,
-        kinds={"spark", "delta"},
-        description=description,
-        metadata={"table_uri": QueueTables.of(declaration, queue).uri(table)},
-    )
+    # What other queues' handlers send arrives in the inbound through their transmission queues.
+    senders = [asset_key(q, TRANSMISSION) for q in declaration.senders_to(queue)] if table == INBOUND else []
+
+    @asset(**_spec(declaration, queue, table, upstream, description, spark=True, extra=senders))
     def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
         report = run_cycle(spark.spark_session, declaration, queue, table, run_id=context.run.run_id)
         if report.skipped:
@@ -72,14 +79,7 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
 
 
 def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
-    @asset(
-        key=asset_key(queue, table),
-        deps=[asset_key(queue, t) for t in upstream],
-        group_name=queue,
-        kinds={"delta"},
-        description=_DESCRIPTIONS[table],
-        metadata={"table_uri": QueueTables.of(declaration, queue).uri(table)},
-    )
+    @asset(**_spec(declaration, queue, table, upstream, _DESCRIPTIONS[table]))
     def ledger(context: AssetExecutionContext) -> MaterializeResult:
         tables = QueueTables.of(declaration, queue)
         tables.ensure()
@@ -96,14 +96,7 @@ def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: li
 
 
 def _transmission_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
-    @asset(
-        key=asset_key(queue, table),
-        deps=[asset_key(queue, t) for t in upstream],
-        group_name=queue,
-        kinds={"delta"},
-        description=_DESCRIPTIONS[TRANSMISSION],
-        metadata={"table_uri": QueueTables.of(declaration, queue).uri(TRANSMISSION)},
-    )
+    @asset(**_spec(declaration, queue, table, upstream, _DESCRIPTIONS[TRANSMISSION]))
     def transmission(context: AssetExecutionContext) -> MaterializeResult:
         result = transmit(declaration, queue)
         for failure in result.failures:
