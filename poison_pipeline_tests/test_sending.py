@@ -126,3 +126,23 @@ def test_an_undeclared_target_follows_the_undefined_error_configuration(spark, m
     assert report.counts["conversation_errors"] == 1
     assert [(r["message_id"], r["reason"]) for r in rows(declaration, "dead_letter", "orders")] == [
         ("o1/1", "conversation_error -8470")]
+
+
+def test_a_target_altered_after_sending_fails_the_conversation_and_a_resend_uses_its_new_contract(
+        spark, make_declaration):
+    sent_under = declare(make_declaration, message_types=["ship"])
+    set_enabled(QueueTables.of(sent_under, "shipping"), False, "ops", "down")
+    order(sent_under, "o1", "c1", [{"to": "shipping", "type": "ship", "body": {"n": 1}}])
+    run_cycle(spark, sent_under, "orders", "inbound")
+    # The same lake, declared again: shipping now accepts refunds too, and orders resends.
+    altered = make_declaration({
+        "orders": {"handler": FORWARD, "policy": {**FAST, "on_undefined_error": "resend"}},
+        "shipping": {"handler": ACCEPT, "policy": FAST, "message_types": ["ship", "refund"]},
+    })
+    set_enabled(QueueTables.of(altered, "shipping"), True, "ops", "up")
+    result = transmit(altered, "orders")
+    assert [(f.code, f.action) for f in result.failures] == [(-8469, "resent")]
+    # The resent copy was sent under the queue's new contract: the next offer delivers it.
+    assert transmit(altered, "orders").delivered == {"shipping": 1}
+    [arrived] = rows(altered, "inbound", "shipping")
+    assert (arrived["message_id"], arrived["conversation_id"]) == ("o1/1", "c1~resend-1")

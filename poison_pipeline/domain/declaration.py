@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -72,6 +74,13 @@ class QueueDeclaration(BaseModel):
         if value is not None:
             import_callable(value)
         return value
+
+    @property
+    def contract(self) -> str:
+        """A fingerprint of what this queue accepts from senders: a message sent under one
+        contract and offered under another meets an altered queue (error -8469)."""
+        terms = json.dumps([self.message_types, self.policy.max_body_bytes], sort_keys=True)
+        return hashlib.sha1(terms.encode()).hexdigest()[:12]
 
     @model_validator(mode="after")
     def _batch_handler_unordered(self) -> QueueDeclaration:

@@ -52,8 +52,10 @@ def _attempt_rows(staged: pads.Dataset, entry: JournalEntry, cycle: int, now: da
                  cycle_seq=entry.seq, date=now.date().isoformat())
 
 
-def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[str, float]:
-    """Commit a staged cycle; return the counts per disposition and of attempts."""
+def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
+                 contracts: dict[str, str] | None = None) -> dict[str, float]:
+    """Commit a staged cycle; return the counts per disposition and of attempts. `contracts` are
+    the declared queues' contracts, recorded with what the cycle's handlers sent to them."""
     now = datetime.fromisoformat(entry.started_at)
     staged = _staged(entry)
     app_id = f"poison_pipeline/{tables.queue}/{entry.table}"
@@ -79,7 +81,7 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[s
                                      quarantined_at=now))
         else:
             commit(entry.table if destination == STAY else destination, _with(rows, schemas.MESSAGE))
-    commit(TRANSMISSION, _sent_rows(staged, tables.queue, entry, now))
+    commit(TRANSMISSION, _sent_rows(staged, tables.queue, entry, now, contracts or {}))
     commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
     commit(EVENTS, _disable_events(staged, entry, now))
     tables.remove_batches(entry.table, entry.batches)
@@ -89,7 +91,8 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[s
     return counts
 
 
-def _sent_rows(staged: pads.Dataset, queue: str, entry: JournalEntry, now: datetime) -> pa.Table:
+def _sent_rows(staged: pads.Dataset, queue: str, entry: JournalEntry, now: datetime,
+               contracts: dict[str, str]) -> pa.Table:
     """What successful attempts sent, released into this queue's transmission queue."""
     table = staged.to_table(columns=["message_id", "sent"], filter=pc.list_value_length(pc.field("sent")) > 0)
     flat = pc.list_flatten(table["sent"])
@@ -109,6 +112,7 @@ def _sent_rows(staged: pads.Dataset, queue: str, entry: JournalEntry, now: datet
         "original_conversation_id": sent["conversation_id"],
         "resend_count": pa.array([0] * count, pa.int32()),
         "batch_id": pa.array([f"tx-{entry.table}-{entry.seq}"] * count, pa.string()),
+        "target_contract": pa.array([contracts.get(t) for t in sent["target"].to_pylist()], pa.string()),
     }
     return pa.Table.from_arrays(
         [columns[f.name] if f.name in columns else sent[f.name].cast(f.type) for f in schemas.TRANSMISSION],

@@ -43,7 +43,8 @@ def _journal(tables: QueueTables, table: str) -> str:
 
 
 def _finish(declaration: Declaration, tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[str, float]:
-    counts = apply_staged(tables, entry, cycle)
+    contracts = {name: queue.contract for name, queue in declaration.queues.items()}
+    counts = apply_staged(tables, entry, cycle, contracts)
     # Before the cycle is marked done, so a crash here ends them on the re-run (ending is repeatable).
     counts.update(end_failed_conversations(declaration, tables, entry))
     entry.state, entry.summary = "done", counts

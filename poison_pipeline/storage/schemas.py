@@ -155,6 +155,8 @@ TRANSMISSION = pa.schema(
         pa.field("deadline", TS),
         pa.field("original_conversation_id", pa.string()),
         pa.field("resend_count", pa.int32()),
+        # The target's contract when the message was sent (QueueDeclaration.contract).
+        pa.field("target_contract", pa.string()),
         pa.field("batch_id", pa.string()),
     ]
 )

@@ -3,7 +3,8 @@ accepts them; a conversation that fails is resent, dead-lettered or left to its 
 
 One call reads the transmission table once (version V) and then:
 
-1. checks each conversation in sequence order: a target that is not declared (-8470), a lifetime
+1. checks each conversation in sequence order: a target that is not declared (-8470) or whose
+   contract changed since the messages were sent (-8469), a lifetime
    that expired (-8489), a message type the target does not accept (-8428) or a body that fails
    the target's validation (-8430) fails the conversation; a disabled target leaves it waiting;
 2. appends the accepted messages to their targets' inbound tables and the messages of failed,
@@ -40,6 +41,7 @@ from poison_pipeline.storage.tables import NOTIFICATIONS, TRANSMISSION, QueueTab
 
 LIFETIME_EXPIRED = -8489
 TARGET_DROPPED = -8470
+TARGET_ALTERED = -8469
 UNKNOWN_MESSAGE_TYPE = -8428
 BODY_VALIDATION = -8430
 
@@ -70,11 +72,15 @@ def _failure(declaration: Declaration, target: str, rows: list[dict], now: datet
     """The system error a conversation fails with before its target would accept it, if any."""
     if target not in declaration.queues:
         return TARGET_DROPPED, f"target queue {target!r} is not declared (dropped)"
+    contract = declaration.queue(target)
+    altered = [r for r in rows if r["target_contract"] not in (None, contract.contract)]
+    if altered:
+        return TARGET_ALTERED, (f"queue {target!r} changed what it accepts (message_types or max_body_bytes) "
+                                f"after message {altered[0]['message_id']} was sent")
     expired = [r for r in rows if r["deadline"] is not None and r["deadline"] <= now]
     if expired:
         return LIFETIME_EXPIRED, (f"the conversation's lifetime ended at {expired[0]['deadline'].isoformat()} "
                                   f"before queue {target!r} accepted its messages")
-    contract = declaration.queue(target)
     for row in rows:
         if contract.message_types is not None and row["message_type"] not in contract.message_types:
             return UNKNOWN_MESSAGE_TYPE, (f"message {row['message_id']}: queue {target!r} does not accept "
@@ -94,8 +100,9 @@ def _resends(code: int, declaration: Declaration, queue: str) -> bool:
     return declaration.queue(queue).policy.on_undefined_error is OnUndefinedError.RESEND
 
 
-def _resent(rows: list[dict], now: datetime) -> tuple[str, list[dict]]:
-    """The pending messages on a new conversation: same ids, types and order, fresh lifetime."""
+def _resent(rows: list[dict], now: datetime, contract: str | None) -> tuple[str, list[dict]]:
+    """The pending messages on a new conversation: same ids, types and order, fresh lifetime, sent
+    under the target's current contract."""
     count = rows[0]["resend_count"] + 1
     original = rows[0]["original_conversation_id"] or rows[0]["conversation_id"]
     conversation = f"{original}~resend-{count}"
@@ -103,7 +110,8 @@ def _resent(rows: list[dict], now: datetime) -> tuple[str, list[dict]]:
     for position, row in enumerate(rows, start=1):
         lifetime = row["deadline"] - row["enqueued_at"] if row["deadline"] is not None else None
         out.append({**row, "conversation_id": conversation, "sequence_number": position, "enqueued_at": now,
-                    "deadline": now + lifetime if lifetime is not None else None, "resend_count": count})
+                    "deadline": now + lifetime if lifetime is not None else None, "resend_count": count,
+                    "target_contract": contract})
     return conversation, out
 
 
@@ -162,7 +170,8 @@ def transmit(declaration: Declaration, queue: str, now: datetime | None = None) 
                       "code": code, "description": description, "at": now})
         leaving.update(r["message_id"] for r in rows)
         if _resends(code, declaration, queue):
-            new_conversation, copies = _resent(rows, now)
+            current = declaration.queues[target].contract if target in declaration.queues else None
+            new_conversation, copies = _resent(rows, now, current)
             resent.extend(copies)
             result.failures.append(ConversationFailure(conversation, target, code, description, "resent",
                                                        new_conversation))
