@@ -1,8 +1,8 @@
 """Cost of `ordering: conversation`: one inbound cycle against the same cycle with `ordering: none`.
 
     .venv/bin/python benchmarks/ordering_cost.py [--messages N] [--conversations C] [--master URL]
-                                                 [--appends K] [--rounds R] [--all-ok] [--phases]
-                                                 [--workdir DIR]
+                                                 [--appends K] [--rounds R] [--all-ok]
+                                                 [--random-padding] [--phases] [--workdir DIR]
 
 Writes N messages in C conversations (N / C each, sequence numbers 1..N/C, rows in shuffled order;
 200-byte JSON bodies, 1% poison, 0.5% transient, spread at random over the conversations) to the
@@ -16,6 +16,7 @@ Prints one JSON line on stdout; everything else (Spark's logs included) goes to 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -23,7 +24,9 @@ import random
 import shutil
 import sys
 import tempfile
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -78,22 +81,37 @@ def slots(messages: int, seed: int) -> list[int]:
 
 
 def conversation_table(messages: int, conversations: int, now: datetime, seed: int,
-                       all_ok: bool = False) -> pa.Table:
+                       all_ok: bool = False, random_padding: bool = False) -> pa.Table:
     """cycle_throughput's message table with conversation ids and sequence numbers set. Rows stay
     in message order, which the slots make a random order of conversations and sequence numbers:
     every file, and every task of an unordered read, holds a share of every conversation."""
     size = messages // conversations
     where = slots(messages, seed)
     table = ct.message_table(messages, now, "msg")
-    if all_ok:
+    if all_ok or random_padding:
         # k + 2 is an `ok` index whenever k is not (poison: k % 100 == 0; transient: k % 200 == 1).
-        bodies = pa.array([ct.body_of(k if ct.kind_of(k) == "ok" else k + 2) for k in range(messages)])
-        table = table.set_column(table.schema.get_field_index("body"), schemas.MESSAGE.field("body"), bodies)
+        bodies = [ct.body_of(k if not all_ok or ct.kind_of(k) == "ok" else k + 2) for k in range(messages)]
+        if random_padding:
+            bodies = _randomly_padded(bodies, seed)
+        column = pa.array(bodies, pa.binary())
+        table = table.set_column(table.schema.get_field_index("body"), schemas.MESSAGE.field("body"), column)
     conversation = pa.array([f"conv-{s // size:06d}" for s in where], pa.string())
     sequence = pa.array([s % size + 1 for s in where], pa.int64())
     for name, array in (("conversation_id", conversation), ("sequence_number", sequence)):
         table = table.set_column(table.schema.get_field_index(name), schemas.MESSAGE.field(name), array)
     return table
+
+
+def _randomly_padded(bodies: list[bytes], seed: int) -> list[bytes]:
+    """The same bodies with their run of `x` padding replaced by random base64 text of the same
+    length: still 200 bytes of valid JSON, but no longer compressible to a few bytes."""
+    noise = base64.b64encode(random.Random(seed).randbytes(len(bodies) * ct.BODY_BYTES))
+    padded = []
+    for i, body in enumerate(bodies):
+        head = body[:-2].rstrip(b"x")
+        width = len(body) - 2 - len(head)
+        padded.append(head + noise[i * ct.BODY_BYTES:i * ct.BODY_BYTES + width] + body[-2:])
+    return padded
 
 
 def expected_counts(messages: int, conversations: int, seed: int, all_ok: bool = False) -> dict[str, dict[str, int]]:
@@ -135,6 +153,43 @@ def attempted_messages(declaration: Declaration, queue: str) -> int:
     """Distinct messages the cycle called the handler for, read back from the attempts ledger."""
     rows = QueueTables.of(declaration, queue).open(ATTEMPTS).to_pyarrow_dataset().to_table(columns=["message_id"])
     return pc.count_distinct(rows["message_id"]).as_py()
+
+
+# --- CPU time ----------------------------------------------------------------------------------------
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and every process under it: the JVM (Spark and its
+    tasks), Spark's Python workers and, in this process, delta-rs. A process's reaped children count
+    through its cutime/cstime. Other work on the machine stretches wall time much more than this.
+    Linux only (/proc)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    ticks: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue  # it ended meanwhile
+        # After "pid (comm) ": state ppid ... utime stime cutime cstime are fields 0, 1 and 11 to 14.
+        fields = text[text.rindex(")") + 2:].split()
+        children[int(fields[1])].append(int(entry.name))
+        ticks[int(entry.name)] = sum(int(v) for v in fields[11:15])
+    total, stack = 0, [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        total += ticks.get(pid, 0)
+        stack.extend(children.get(pid, ()))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def measured(action: Callable[[], Any]) -> tuple[float, float, Any]:
+    """Wall seconds, CPU seconds of the process tree, and the result of `action()`."""
+    cpu = tree_cpu_seconds()
+    wall, result = ct.timed(action)
+    return wall, tree_cpu_seconds() - cpu, result
 
 
 # --- optional measurements (--phases) -------------------------------------------------------------------
@@ -193,7 +248,7 @@ def _role(name: str, shuffle_read: int, shuffle_write: int) -> str:
 def ordering_only(spark: SparkSession, files: list[str]) -> dict[str, float]:
     """The JVM work conversation ordering adds, without the Python: the cycle's read of the files,
     alone, then with the repartition by conversation, then with the sort too (in_conversation_order),
-    each into Spark's `noop` sink. Best of two runs."""
+    each into Spark's `noop` sink. Best of three runs, in wall and in CPU seconds."""
     batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*files)
     key = F.coalesce(F.col("conversation_id"), F.col("message_id"))
     frames: dict[str, DataFrame] = {
@@ -201,18 +256,18 @@ def ordering_only(spark: SparkSession, files: list[str]) -> dict[str, float]:
         "read + repartition by conversation": batch.repartition(key),
         "read + repartition + sort (in_conversation_order)": in_conversation_order(batch),
     }
-    spent = {}
+    spent: dict[str, dict[str, float]] = {}
     for name, frame in frames.items():
-        runs = [ct.timed(lambda f=frame: f.write.format("noop").mode("overwrite").save())[0] for _ in range(2)]
-        spent[name] = round(min(runs), 2)
+        runs = [measured(lambda f=frame: f.write.format("noop").mode("overwrite").save()) for _ in range(3)]
+        spent[name] = {"wall_s": round(min(r[0] for r in runs), 2), "cpu_s": round(min(r[1] for r in runs), 2)}
     return spent
 
 
 def python_per_row(declaration: Declaration, now: datetime, rows: int, size: int,
-                   all_ok: bool = False) -> dict[str, float]:
-    """Microseconds per message of the executor-side Python (Processor) of each mode, in-process on
-    the same sample; the ordered one gets its rows sorted the way Spark hands them over."""
-    sample = conversation_table(rows, max(1, rows // size), now, LAYOUT_SEED, all_ok)
+                   all_ok: bool = False, random_padding: bool = False) -> dict[str, float]:
+    """CPU microseconds per message of the executor-side Python (Processor) of each mode, in-process
+    on the same sample; the ordered one gets its rows sorted the way Spark hands them over."""
+    sample = conversation_table(rows, max(1, rows // size), now, LAYOUT_SEED, all_ok, random_padding)
     spent: dict[str, float] = {}
     for mode in MODES:
         queue = f"warmup_{mode}"
@@ -222,10 +277,12 @@ def python_per_row(declaration: Declaration, now: datetime, rows: int, size: int
         data = sample if mode == "none" else sample.sort_by(
             [("conversation_id", "ascending"), ("sequence_number", "ascending")])
         batches = data.to_batches(max_chunksize=10_000)
-        best = min(
-            ct.timed(lambda b=batches, s=spec: sum(out.num_rows for out in Processor(s)(iter(b))))[0]
-            for _ in range(3)
-        )
+        runs = []
+        for _ in range(3):
+            started = time.process_time()
+            sum(out.num_rows for out in Processor(spec)(iter(batches)))
+            runs.append(time.process_time() - started)
+        best = min(runs)
         spent[f"processor_{mode}_us_per_msg"] = round(best / rows * 1e6, 2)
     return spent
 
@@ -242,7 +299,7 @@ def _mean(values: list[float]) -> float:
 
 
 def run(messages: int, conversations: int, master: str, workdir: str, appends: int, rounds: int,
-        phases: bool, all_ok: bool = False) -> dict[str, Any]:
+        phases: bool, all_ok: bool = False, random_padding: bool = False) -> dict[str, Any]:
     size = messages // conversations
     warm_messages = min(messages, ct.WARMUP_MESSAGES)
     # Round r runs `none` first when r is odd and `conversation` first when it is even.
@@ -258,11 +315,13 @@ def run(messages: int, conversations: int, master: str, workdir: str, appends: i
         }
     )
     now = datetime.now(UTC)
-    seconds, data = ct.timed(lambda: conversation_table(messages, conversations, now, LAYOUT_SEED, all_ok))
+    seconds, data = ct.timed(
+        lambda: conversation_table(messages, conversations, now, LAYOUT_SEED, all_ok, random_padding))
     files: dict[str, list[str]] = {}
     for r, mode in order:
         files[f"{mode}_{r}"] = ct.write_inbound(declaration, f"{mode}_{r}", data, appends)
-    warm = conversation_table(warm_messages, max(1, warm_messages // size), now, LAYOUT_SEED, all_ok)
+    warm = conversation_table(warm_messages, max(1, warm_messages // size), now, LAYOUT_SEED, all_ok,
+                              random_padding)
     for mode in MODES:
         ct.write_inbound(declaration, f"warmup_{mode}", warm, appends)
     del data, warm
@@ -289,19 +348,19 @@ def run(messages: int, conversations: int, master: str, workdir: str, appends: i
             before = _last_stage(spark) if phases else -1
             load = _load()
             with ct.phase_clock(EXTRA_PHASES) if phases else contextlib.nullcontext(None) as spent:
-                seconds, report = ct.timed(
+                seconds, cpu, report = measured(
                     lambda q=queue: run_cycle(spark, declaration, q, "inbound", now=now, run_id=q))
             assert isinstance(report, CycleReport)
             if report.skipped:
                 raise RuntimeError(f"the {queue} cycle did nothing: {report.skipped}")
-            entry: dict[str, Any] = {"queue": queue, "mode": mode, "seconds": seconds, "load_1m": load[0],
-                                     "counts": {k: int(v) for k, v in report.counts.items()}}
+            entry: dict[str, Any] = {"queue": queue, "mode": mode, "seconds": seconds, "cpu_seconds": cpu,
+                                     "load_1m": load[0], "counts": {k: int(v) for k, v in report.counts.items()}}
             if phases:
                 assert spent is not None
                 entry["phases"] = dict(spent)
                 entry["stages"] = stages_since(spark, before)
             runs.append(entry)
-            print(f"{queue}: {seconds:.2f}s (load {load[0]}) {entry['counts']}", file=sys.stderr)
+            print(f"{queue}: {seconds:.2f}s, {cpu:.1f} CPU s (load {load[0]}) {entry['counts']}", file=sys.stderr)
             for stage in entry.get("stages", []):
                 print(f"  {stage}", file=sys.stderr)
         load_end = _load()
@@ -318,13 +377,16 @@ def run(messages: int, conversations: int, master: str, workdir: str, appends: i
         e["counts"].get(k, 0) == expected[e["mode"]][k] for e in runs for k in (*CHECKED, "attempted_messages")
     )
     seconds_of = {mode: [e["seconds"] for e in runs if e["mode"] == mode] for mode in MODES}
+    cpu_of = {mode: [e["cpu_seconds"] for e in runs if e["mode"] == mode] for mode in MODES}
     none_s, conversation_s = _mean(seconds_of["none"]), _mean(seconds_of["conversation"])
+    none_cpu, conversation_cpu = _mean(cpu_of["none"]), _mean(cpu_of["conversation"])
     result: dict[str, Any] = {
         "messages": messages,
         "conversations": conversations,
         "messages_per_conversation": size,
         "body_bytes": ct.BODY_BYTES,
         "all_ok": all_ok,
+        "random_padding": random_padding,
         "master": master,
         "none_seconds": round(none_s, 2),
         "conversation_seconds": round(conversation_s, 2),
@@ -334,6 +396,13 @@ def run(messages: int, conversations: int, master: str, workdir: str, appends: i
         "run_order": [e["queue"] for e in runs],
         "none_runs_seconds": [round(s, 2) for s in seconds_of["none"]],
         "conversation_runs_seconds": [round(s, 2) for s in seconds_of["conversation"]],
+        # The same comparison in CPU seconds of the whole process tree: steadier when other work
+        # shares the cores, but blind to lost parallelism (a core left idle costs no CPU).
+        "none_cpu_seconds": round(none_cpu, 1),
+        "conversation_cpu_seconds": round(conversation_cpu, 1),
+        "cpu_ratio": round(conversation_cpu / none_cpu, 2),
+        "none_runs_cpu_seconds": [round(s, 1) for s in cpu_of["none"]],
+        "conversation_runs_cpu_seconds": [round(s, 1) for s in cpu_of["conversation"]],
         "none_counts": counts["none"],
         "conversation_counts": counts["conversation"],
         "counts_as_expected": as_expected,
@@ -353,7 +422,8 @@ def run(messages: int, conversations: int, master: str, workdir: str, appends: i
         result["cycle_phases_s"] = {mode: _mean_phases([e for e in runs if e["mode"] == mode]) for mode in MODES}
         result["staging_stages"] = {e["queue"]: e["stages"] for e in runs}
         result.update(extra)
-        result["python_per_row"] = python_per_row(declaration, now, min(messages, 50_000), size, all_ok)
+        result["python_per_row"] = python_per_row(declaration, now, min(messages, 50_000), size, all_ok,
+                                                  random_padding)
     return result
 
 
@@ -385,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-ok", action="store_true",
                         help="no poison or transient message: nothing is held, which isolates the "
                         "cost of the repartition and sort")
+    parser.add_argument("--random-padding", action="store_true",
+                        help="pad the bodies with random text instead of `x`: the shuffle and the "
+                        "staged files then carry incompressible bodies")
     parser.add_argument("--phases", action="store_true",
                         help="also time the phases of each cycle, its Spark stages, the ordering "
                         "alone (noop sink) and the per-message Python of each mode")
@@ -401,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="ordering_cost-")
     try:
         result = run(args.messages, args.conversations, args.master, workdir, args.appends, args.rounds,
-                     args.phases, args.all_ok)
+                     args.phases, args.all_ok, args.random_padding)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

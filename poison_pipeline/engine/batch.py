@@ -213,9 +213,9 @@ class Processor:
         return None
 
     def _message(self, rows: _Rows, i: int, envelope: Envelope, attempt: int) -> Message:
-        c = self.spec
-        return Message(envelope, c.queue, rows.columns["abort_count"][i] + attempt - 1,
-                       rows.columns["move_count"][i], c.cycle, attempt)
+        spec = self.spec
+        return Message(envelope, spec.queue, rows.columns["abort_count"][i] + attempt - 1,
+                       rows.columns["move_count"][i], spec.cycle, attempt)
 
     def _deliver_one(self, rows: _Rows, i: int, changes: Changes) -> None:
         handler = self.handler
