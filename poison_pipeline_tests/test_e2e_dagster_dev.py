@@ -284,7 +284,7 @@ def _assert_ui_renders_the_graph(server: DagsterDev, screenshot: Path) -> None:
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1600,1000"):
+                 "--window-size=1600,2400"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     try:
