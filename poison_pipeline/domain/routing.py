@@ -96,6 +96,7 @@ def _final(handling: ReceiveErrorHandling, expired: bool) -> Route:
     return Route(POISON, Disposition.POISONED, "poisoned")
 
 
+PROCESSED_ROUTE = Route(PROCESSED, Disposition.PROCESSED)
 CONVERSATION_ENDED = Route(DEAD_LETTER, Disposition.ENDED, "conversation_ended")
 OUTAGE = Route(STAY, Disposition.OUTAGE, "outage")
 
@@ -104,7 +105,7 @@ def route_main(table: str, outcome: Outcome, policy: Policy, expired: bool, conv
     """Route a message after its cycle in the inbound queue or a retry subqueue; `conversation`
     says whether it belongs to one."""
     if outcome is Outcome.SUCCEEDED:
-        return Route(PROCESSED, Disposition.PROCESSED)
+        return PROCESSED_ROUTE
     if outcome is Outcome.UNRECOVERABLE:
         if policy.unrecoverable.route is UnrecoverableRoute.QUARANTINE:
             return Route(QUARANTINE, Disposition.QUARANTINED, "unrecoverable")

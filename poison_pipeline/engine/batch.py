@@ -18,6 +18,7 @@ from poison_pipeline.domain.policy import Ordering, PoisonQueuePolicy, Policy
 from poison_pipeline.domain.routing import (
     OUTAGE,
     POISON,
+    PROCESSED_ROUTE,
     STAY,
     Outcome,
     Route,
@@ -150,6 +151,12 @@ class Processor:
         # The conversation whose failed message holds the rest of it in this cycle, and its route.
         self.holding: tuple[str, Route] | None = None
         self.marker: Marker | None = None
+        # Read once per message or attempt: kept as plain attributes, not recomputed properties.
+        self.ordered = spec.ordered
+        self.screening = bool(spec.seen or spec.losers or spec.ended)
+        self.attempts = spec.attempts_per_cycle
+        self.timeout = spec.timeout_seconds
+        self.cycle = spec.cycle
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         self.marker = Marker(self.spec.inflight) if self.spec.inflight else None
@@ -191,16 +198,19 @@ class Processor:
         """The route of a message that is not delivered in this cycle (with its due time, and
         whether it is held behind an earlier message of its conversation), if it is one."""
         spec, c = self.spec, rows.columns
-        message_id, conversation = c["message_id"][i], c["conversation_id"][i]
-        duplicate = message_id in spec.seen or (message_id, c["batch_id"][i]) in spec.losers
-        early = route_before_delivery(rows.expired[i], duplicate, conversation in spec.ended)
-        if early is not None:
-            return early, None, False
+        conversation = c["conversation_id"][i]
+        # Most messages are neither expired, duplicates, nor of an ended conversation: test cheaply.
+        if rows.expired[i] or self.screening:
+            message_id = c["message_id"][i]
+            duplicate = message_id in spec.seen or (message_id, c["batch_id"][i]) in spec.losers
+            early = route_before_delivery(rows.expired[i], duplicate, conversation in spec.ended)
+            if early is not None:
+                return early, None, False
         if self.tripped:
             return OUTAGE, None, False
         sequence = c["sequence_number"][i]
         # Messages without a sequence number take no part in ordering.
-        if spec.ordered and conversation is not None and sequence is not None:
+        if self.ordered and conversation is not None and sequence is not None:
             if self.holding is not None and self.holding[0] == conversation:
                 return route_held(self.holding[1]), None, True
             blocked = spec.blocked.get(conversation)
@@ -213,9 +223,8 @@ class Processor:
         return None
 
     def _message(self, rows: _Rows, i: int, envelope: Envelope, attempt: int) -> Message:
-        spec = self.spec
-        return Message(envelope, spec.queue, rows.columns["abort_count"][i] + attempt - 1,
-                       rows.columns["move_count"][i], spec.cycle, attempt)
+        return Message(envelope, self.spec.queue, rows.columns["abort_count"][i] + attempt - 1,
+                       rows.columns["move_count"][i], self.cycle, attempt)
 
     def _deliver_one(self, rows: _Rows, i: int, changes: Changes) -> None:
         handler = self.handler
@@ -226,8 +235,8 @@ class Processor:
         if self.marker is not None:
             self.marker.mark(envelope.message_id)
         delivery = deliver(handler, lambda attempt: self._message(rows, i, envelope, attempt),
-                           self.spec.attempts_per_cycle, self.spec.timeout_seconds, self.classifier,
-                           crashes=self.spec.crashed.get(envelope.message_id, 0))
+                           self.attempts, self.timeout, self.classifier,
+                           crashes=self.spec.crashed.get(envelope.message_id, 0) if self.spec.crashed else 0)
         self._settle(rows, i, delivery, changes)
 
     def _deliver_group(self, rows: _Rows, indices: list[int], changes: Changes) -> None:
@@ -236,7 +245,7 @@ class Processor:
         deliveries = deliver_batch(
             self.handler,
             lambda k, attempt: self._message(rows, indices[k], envelopes[k], attempt),
-            len(indices), self.spec.attempts_per_cycle, self.spec.timeout_seconds, self.classifier,
+            len(indices), self.attempts, self.timeout, self.classifier,
         )
         for i, delivery in zip(indices, deliveries, strict=True):
             self._settle(rows, i, delivery, changes)
@@ -244,13 +253,15 @@ class Processor:
     def _settle(self, rows: _Rows, i: int, delivery: Delivery, changes: Changes) -> None:
         """Route a delivered message, and let its outcome hold its conversation or trip the outage."""
         conversation = rows.columns["conversation_id"][i]
+        if delivery.outcome is Outcome.SUCCEEDED:
+            changes.set(i, PROCESSED_ROUTE, delivery)
+            if self.exposed:
+                self.outage.succeeded()
+                self.exposed.clear()
+            return
         route = self._route(delivery.outcome, rows.expired[i], conversation is not None)
         changes.set(i, route, delivery)
-        if delivery.outcome is Outcome.SUCCEEDED:
-            self.outage.succeeded()
-            self.exposed.clear()
-            return
-        if self.spec.ordered and conversation is not None and rows.columns["sequence_number"][i] is not None:
+        if self.ordered and conversation is not None and rows.columns["sequence_number"][i] is not None:
             self.holding = (conversation, route)
         if delivery.outage_failures and self.tripped:
             changes.uncharge(i)  # delivered in the same batch call as the message that tripped it

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import base64
+import json
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,7 +45,8 @@ class Changes:
         """Record a message's route (and its delivery, if it was attempted)."""
         self.routes[index] = route
         self.deliveries[index] = delivery
-        self.due[index] = due or self._due(route.destination)
+        if due is not None or route.destination != PROCESSED:
+            self.due[index] = due or self._due(route.destination)
 
     def _due(self, destination: str) -> datetime | None:
         if destination in (STAY, POISON):
@@ -84,7 +88,7 @@ class Changes:
         columns["disposition"] = pa.array([r.disposition.value for r in routes], pa.string())
         columns["reason"] = pa.array([r.reason for r in routes], pa.string())
         columns["attempts"] = _attempts(flat.attempts, flat.attempt_offsets)
-        columns["sent"] = _sent(flat.sent, flat.sent_offsets)
+        columns["sent"] = pa.array(flat.sent, pa.binary())
         arrays = []
         for f in schemas.RESULT:
             array = columns[f.name] if f.name in columns else batch.column(f.name)
@@ -96,6 +100,13 @@ class Changes:
     def _flatten(self) -> _Flat:
         flat = _Flat()
         for index, delivery in enumerate(self.deliveries):
+            if delivery is not None and not delivery.failures and not delivery.sent:
+                flat.failures.append(0)  # the common case: one successful attempt
+                flat.errors.append(None)
+                flat.attempts.extend(delivery.attempts)
+                flat.attempt_offsets.append(len(flat.attempts))
+                flat.sent.append(None)
+                continue
             if delivery is None:
                 flat.failures.append(0)
                 flat.errors.append(None)
@@ -108,9 +119,9 @@ class Changes:
                 flat.failures.append(delivery.failures)
                 flat.errors.append(delivery.last_error)
                 flat.attempts.extend(delivery.attempts)
-                flat.sent.extend(delivery.sent)
             flat.attempt_offsets.append(len(flat.attempts))
-            flat.sent_offsets.append(len(flat.sent))
+            flat.sent.append(encode_sent(delivery.sent) if delivery is not None and delivery.sent
+                             and index not in self.uncharged else None)
         return flat
 
 
@@ -122,8 +133,7 @@ class _Flat:
     errors: list[ErrorInfo | None] = field(default_factory=list)
     attempts: list[AttemptRecord] = field(default_factory=list)
     attempt_offsets: list[int] = field(default_factory=lambda: [0])
-    sent: list[Outgoing] = field(default_factory=list)
-    sent_offsets: list[int] = field(default_factory=lambda: [0])
+    sent: list[bytes | None] = field(default_factory=list)
 
 
 def _attempts(records: list[AttemptRecord], offsets: list[int]) -> pa.Array:
@@ -140,10 +150,9 @@ def _attempts(records: list[AttemptRecord], offsets: list[int]) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
 
-def _sent(sent: list[Outgoing], offsets: list[int]) -> pa.Array:
-    fields = [
-        pa.array([getattr(o, f.name) if f.name != "headers" else list(o.headers.items()) for o in sent], f.type)
-        for f in schemas.SENT_FIELDS
-    ]
-    values = pa.StructArray.from_arrays(fields, fields=schemas.SENT_FIELDS)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+def encode_sent(sent: list[Outgoing]) -> bytes:
+    return json.dumps([{**asdict(o), "body": base64.b64encode(o.body).decode()} for o in sent]).encode()
+
+
+def decode_sent(data: bytes) -> list[dict[str, Any]]:
+    return [{**o, "body": base64.b64decode(o["body"])} for o in json.loads(data)]

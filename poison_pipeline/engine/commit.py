@@ -7,7 +7,7 @@ already committed; the source batches are removed last, by a delete that a repla
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,6 +16,7 @@ import pyarrow.dataset as pads
 from poison_pipeline.domain.conversation_errors import MAX_DESCRIPTION
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE, STAY, Disposition
+from poison_pipeline.engine.changes import decode_sent
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row
 from poison_pipeline.storage.conversations import end_conversation
@@ -82,8 +83,12 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
         else:
             commit(entry.table if destination == STAY else destination, _with(rows, schemas.MESSAGE))
     commit(TRANSMISSION, _sent_rows(staged, tables.queue, entry, now, contracts or {}))
-    commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
-    commit(EVENTS, _disable_events(staged, entry, now))
+    dispositions = set(summary["disposition"].to_pylist())
+    # Each of these reads the staged data again: only when the cycle had such messages at all.
+    if Disposition.REJECTED.value in dispositions:
+        commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
+    if dispositions & {Disposition.FAULTED.value, Disposition.OUTAGE.value}:
+        commit(EVENTS, _disable_events(staged, entry, now))
     tables.remove_batches(entry.table, entry.batches)
     counts: dict[str, float] = dict(Counter(summary["disposition"].to_pylist()))
     counts["messages"] = summary.num_rows
@@ -94,30 +99,17 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
 def _sent_rows(staged: pads.Dataset, queue: str, entry: JournalEntry, now: datetime,
                contracts: dict[str, str]) -> pa.Table:
     """What successful attempts sent, released into this queue's transmission queue."""
-    table = staged.to_table(columns=["message_id", "sent"], filter=pc.list_value_length(pc.field("sent")) > 0)
-    flat = pc.list_flatten(table["sent"])
-    if len(flat) == 0:
-        return schemas.TRANSMISSION.empty_table()
-    sent = pa.Table.from_struct_array(flat)
-    count = sent.num_rows
-    lifetimes = pc.multiply(sent["lifetime_s"], 1_000_000).cast(pa.int64())
-    deadline = pc.add(pa.scalar(now, schemas.TS).cast(pa.int64()), lifetimes).cast(schemas.TS)
-    columns = {
-        "target_queue": sent["target"],
-        "enqueued_at": pa.array([now] * count, schemas.TS),
-        "expires_at": pa.nulls(count, schemas.TS),
-        "sender": pa.array([queue] * count, pa.string()),
-        "source_message_id": pc.take(table["message_id"], pc.list_parent_indices(table["sent"])),
-        "deadline": deadline,
-        "original_conversation_id": sent["conversation_id"],
-        "resend_count": pa.array([0] * count, pa.int32()),
-        "batch_id": pa.array([f"tx-{entry.table}-{entry.seq}"] * count, pa.string()),
-        "target_contract": pa.array([contracts.get(t) for t in sent["target"].to_pylist()], pa.string()),
-    }
-    return pa.Table.from_arrays(
-        [columns[f.name] if f.name in columns else sent[f.name].cast(f.type) for f in schemas.TRANSMISSION],
-        schema=schemas.TRANSMISSION,
-    )
+    table = staged.to_table(columns=["message_id", "sent"], filter=pc.field("sent").is_valid())
+    rows = []
+    for source, data in zip(table["message_id"].to_pylist(), table["sent"].to_pylist(), strict=True):
+        for sent in decode_sent(data):
+            target, lifetime = sent["target"], sent["lifetime_s"]
+            rows.append({**sent, "target_queue": target, "enqueued_at": now, "sender": queue,
+                         "headers": list(sent["headers"].items()), "source_message_id": source,
+                         "deadline": now + timedelta(seconds=lifetime) if lifetime is not None else None,
+                         "original_conversation_id": sent["conversation_id"], "resend_count": 0,
+                         "batch_id": f"tx-{entry.table}-{entry.seq}", "target_contract": contracts.get(target)})
+    return pa.Table.from_pylist(rows, schema=schemas.TRANSMISSION)
 
 
 def _negative_acknowledgements(staged: pads.Dataset, entry: JournalEntry, now: datetime) -> pa.Table:

@@ -46,7 +46,8 @@ def _finish(declaration: Declaration, tables: QueueTables, entry: JournalEntry, 
     contracts = {name: queue.contract for name, queue in declaration.queues.items()}
     counts = apply_staged(tables, entry, cycle, contracts)
     # Before the cycle is marked done, so a crash here ends them on the re-run (ending is repeatable).
-    counts.update(end_failed_conversations(declaration, tables, entry))
+    if counts.get("ended"):
+        counts.update(end_failed_conversations(declaration, tables, entry))
     entry.state, entry.summary = "done", counts
     write_entry(_journal(tables, entry.table), entry)
     remove_tree(entry.staging)

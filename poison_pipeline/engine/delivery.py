@@ -96,7 +96,8 @@ def deliver(
 ) -> Delivery:
     """Up to `max_attempts` attempts; stop at the first success or unrecoverable error. The first
     `crashes` attempts already happened: each killed the worker it ran in."""
-    records = [AttemptRecord(k, time.time_ns() // 1000, 0.0, "crash", WORKER_DIED) for k in range(1, crashes + 1)]
+    records = [AttemptRecord(k, time.time_ns() // 1000, 0.0, "crash", WORKER_DIED) for k in range(1, crashes + 1)] \
+        if crashes else []
     error_info: ErrorInfo | None = WORKER_DIED if crashes else None
     outages = 0
     for attempt in range(crashes + 1, max_attempts + 1):
