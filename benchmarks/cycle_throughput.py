@@ -115,8 +115,8 @@ def seed(declaration: Declaration, queue: str, count: int, now: datetime, append
     """Write the inbound table in `appends` commits of one batch; return its parquet files, which the
     plain pass reads too.
 
-    delta-rs writes an append of up to a million rows as one file with one row group, and Spark
-    cannot split a row group: one append means one task, so one core, for both passes.
+    The engine's appends write 65,536-row row groups, so Spark splits even one append over every
+    core; more appends mean more files, as several enqueues would make.
     """
     return write_inbound(declaration, queue, message_table(count, now, queue), appends)
 
@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--appends", type=int, default=1,
-                        help="write the inbound batch in this many commits (files), so Spark can "
-                        "spread it over that many tasks (default 1: one file, one task)")
+                        help="write the inbound batch in this many commits (files), "
+                        "as several enqueues would (default 1)")
     parser.add_argument("--workdir", default=None,
                         help="where the lake and outputs go (default: a temporary folder, removed after)")
     parser.add_argument("--phases", action="store_true",
