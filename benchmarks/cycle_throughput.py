@@ -310,16 +310,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.messages < 1 or not 1 <= args.appends <= args.messages:
         parser.error("--messages must be at least 1, and --appends between 1 and --messages")
 
+    return emit(lambda workdir: run(args.messages, args.master, workdir, args.appends, args.phases),
+                args.workdir, "cycle_throughput-")
+
+
+def emit(compute: Callable[[str], dict[str, Any]], workdir: str | None, prefix: str) -> int:
+    """Run `compute` in `workdir` (default: a temporary folder, removed after) and print its result
+    as the one JSON line on stdout."""
     # The JVM and the libraries write to file descriptor 1 too: point it at stderr for the whole run
     # so stdout carries the JSON line and nothing else.
     stdout = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    workdir = args.workdir or tempfile.mkdtemp(prefix="cycle_throughput-")
+    folder = workdir or tempfile.mkdtemp(prefix=prefix)
     try:
-        result = run(args.messages, args.master, workdir, args.appends, args.phases)
+        result = compute(folder)
     finally:
-        if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+        if workdir is None:
+            shutil.rmtree(folder, ignore_errors=True)
     stdout.write(json.dumps(result) + "\n")
     stdout.flush()
     return 0

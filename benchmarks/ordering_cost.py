@@ -18,12 +18,9 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -467,21 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.appends <= args.messages or args.rounds < 1:
         parser.error("--appends must be between 1 and --messages, and --rounds at least 1")
 
-    # The JVM and the libraries write to file descriptor 1 too: point it at stderr for the whole run
-    # so stdout carries the JSON line and nothing else.
-    stdout = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    workdir = args.workdir or tempfile.mkdtemp(prefix="ordering_cost-")
-    try:
-        result = run(args.messages, args.conversations, args.master, workdir, args.appends, args.rounds,
-                     args.phases, args.all_ok, args.random_padding)
-    finally:
-        if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
-    stdout.write(json.dumps(result) + "\n")
-    stdout.flush()
-    return 0
-
+    return ct.emit(lambda workdir: run(args.messages, args.conversations, args.master, workdir, args.appends,
+                                       args.rounds, args.phases, args.all_ok, args.random_padding),
+                   args.workdir, "ordering_cost-")
 
 if __name__ == "__main__":
     sys.exit(main())
