@@ -58,7 +58,8 @@ def decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetim
     }
     state = queue_state(tables)
     if not state.enabled:
-        return Decision(None, base, f"queue {tables.queue!r} is disabled: {state.reason}")
+        # Said in the cursor too: what waits in a disabled queue waits for an operator, not a clock.
+        return Decision(None, {**base, "disabled": True}, f"queue {tables.queue!r} is disabled: {state.reason}")
     if stats.due_rows == 0:
         when = f"; next due at {base['next_due']}" if stats.next_due else ""
         return Decision(None, base, f"{stats.rows} waiting in {tables.queue}/{table}, none due{when}")

@@ -41,7 +41,7 @@ def conversations(declaration: Declaration, driver: Driver) -> bool:
     print("\n== Conversations in order ==")
     accounts = _enqueue(declaration, "accounts", account_messages(500, random.Random(11)))
     _enqueue(declaration, "presentations", presentation_messages(20, broken=3))
-    driver.drive()
+    driver.drive(["accounts", "presentations"])
     attempts = _rows(declaration, "accounts", ATTEMPTS, ["outcome"])
     failed = sum(1 for a in attempts if a["outcome"] != "success")
     print(f"accounts: {accounts} messages, most orders enqueued before their profile; {len(attempts)} attempts, "
@@ -68,7 +68,7 @@ def outage(declaration: Declaration, driver: Driver) -> bool:
     flag.parent.mkdir(parents=True, exist_ok=True)
     flag.touch()
     count = _enqueue(declaration, "inventory", inventory_messages(2_000, random.Random(5), prefix="inv-outage"))
-    driver.drive()
+    driver.drive(["inventory"])
     tables = QueueTables.of(declaration, "inventory")
     state = queue_state(tables)
     print(f"inventory is {'enabled' if state.enabled else 'DISABLED'}: {state.reason}")
@@ -77,7 +77,7 @@ def outage(declaration: Declaration, driver: Driver) -> bool:
     flag.unlink()
     print("the database is back: poison-pipeline enable inventory")
     set_enabled(tables, True, "demo", "the inventory database is back")
-    driver.drive()
+    driver.drive(["inventory"])
     outage_ids = pc.starts_with(tables.open("processed").to_pyarrow_table(columns=["message_id"])["message_id"],
                                 "inv-outage")
     processed = pc.sum(outage_ids.cast("int64")).as_py() or 0
@@ -93,18 +93,18 @@ def resend(declaration: Declaration, driver: Driver, lifetime_s: float = 4.0) ->
     set_enabled(shipping, False, "demo", "shipping is down for maintenance")
     orders = checkout_messages(20, lifetime_s, recalled=7)
     _enqueue(declaration, "checkout", orders)
-    driver.drive()
+    driver.drive(["checkout", "shipping"])
     pending = _rows(declaration, "checkout", TRANSMISSION, ["conversation_id"])
     print(f"checkout sent {len(pending)} messages on {len({p['conversation_id'] for p in pending})} conversations; "
           "they wait in its transmission queue while shipping is disabled")
     time.sleep(lifetime_s + 0.5)
     print(f"{lifetime_s:g}s later the conversations' lifetime has run out (error -8489, recoverable):")
-    driver.drive()
+    driver.drive(["checkout", "shipping"])
     resent = {p["conversation_id"] for p in _rows(declaration, "checkout", TRANSMISSION, ["conversation_id"])}
     print(f"  the pending messages were resent in order on {len(resent)} new conversations, e.g. {min(resent)}")
     set_enabled(shipping, True, "demo", "maintenance is over")
     print("shipping is back: the transmission queue is offered again")
-    driver.drive()
+    driver.drive(["checkout", "shipping"])
     arrived = _rows(declaration, "shipping", "processed", ["message_id", "disposition"])
     poisoned = _rows(declaration, "shipping", "quarantine", ["message_id"])
     expected = sum(len(o["body"]["items"]) + 2 for o in orders)
