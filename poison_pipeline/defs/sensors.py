@@ -109,8 +109,8 @@ def decide_transmission(declaration: Declaration, queue: str, cursor: dict[str, 
     deadlines = [d for d in actions.column(column).to_pylist() if d] if column in actions.column_names else []
     expired = bool(deadlines) and min(deadlines) <= now
     # A target's events table changes when it is enabled or disabled: a reason to offer again.
-    states = {q: QueueTables.of(declaration, q).open(EVENTS).version()
-              for q in declaration.queues if QueueTables.of(declaration, q).exists(EVENTS)}
+    others = [QueueTables.of(declaration, q) for q in declaration.queues]
+    states = {t.queue: t.open(EVENTS).version() for t in others if t.exists(EVENTS)}
     digest = hashlib.sha1(json.dumps([states, expired], sort_keys=True).encode()).hexdigest()[:12]
     run_key = f"{queue}/{TRANSMISSION}/v{log.version()}/{digest}"
     if run_key == cursor.get("last_run_key"):

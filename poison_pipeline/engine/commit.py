@@ -28,17 +28,6 @@ def _staged(entry: JournalEntry) -> pads.Dataset:
     return pads.dataset(entry.staging, format="parquet")
 
 
-def _with(rows: pa.Table, schema: pa.Schema, **constants: object) -> pa.Table:
-    """Project `rows` onto `schema`, filling the named columns with constants."""
-    columns = []
-    for field in schema:
-        if field.name in constants:
-            columns.append(pa.array([constants[field.name]] * rows.num_rows, type=field.type))
-        else:
-            columns.append(rows.column(field.name).cast(field.type))
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
 def _attempt_rows(staged: pads.Dataset, entry: JournalEntry, cycle: int, now: datetime) -> pa.Table:
     table = staged.to_table(columns=["message_id", "attempts"])
     flat = pc.list_flatten(table["attempts"])
@@ -49,7 +38,7 @@ def _attempt_rows(staged: pads.Dataset, entry: JournalEntry, cycle: int, now: da
     for field in schemas.ATTEMPT_FIELDS:
         columns[field.name] = attempts.column(field.name) if attempts else pa.array([], field.type)
     built = pa.table(columns)
-    return _with(built, schemas.ATTEMPTS, table=entry.table, cycle=cycle, run_id=entry.run_id,
+    return schemas.project(built, schemas.ATTEMPTS, table=entry.table, cycle=cycle, run_id=entry.run_id,
                  cycle_seq=entry.seq, date=now.date().isoformat())
 
 
@@ -72,16 +61,16 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
     for destination in sorted(destinations):
         rows = staged.to_table(filter=pc.field("destination") == destination)
         if destination == PROCESSED:
-            commit(PROCESSED, _with(rows, schemas.PROCESSED, from_table=entry.table, at=now,
+            commit(PROCESSED, schemas.project(rows, schemas.PROCESSED, from_table=entry.table, at=now,
                                     date=now.date().isoformat(), cycle_seq=entry.seq))
         elif destination == DEAD_LETTER:
-            commit(DEAD_LETTER, _with(rows, schemas.DEAD_LETTER, from_table=entry.table,
+            commit(DEAD_LETTER, schemas.project(rows, schemas.DEAD_LETTER, from_table=entry.table,
                                       dead_lettered_at=now))
         elif destination == QUARANTINE:
-            commit(QUARANTINE, _with(rows, schemas.QUARANTINE, from_table=entry.table,
+            commit(QUARANTINE, schemas.project(rows, schemas.QUARANTINE, from_table=entry.table,
                                      quarantined_at=now))
         else:
-            commit(entry.table if destination == STAY else destination, _with(rows, schemas.MESSAGE))
+            commit(entry.table if destination == STAY else destination, schemas.project(rows, schemas.MESSAGE))
     commit(TRANSMISSION, _sent_rows(staged, tables.queue, entry, now, contracts or {}))
     dispositions = set(summary["disposition"].to_pylist())
     # Each of these reads the staged data again: only when the cycle had such messages at all.

@@ -35,7 +35,6 @@ class Driver:
         self.defs = defs
         self.instance = instance
         self.cursors: dict[str, str | None] = {}
-        self.alerts: list[str] = []
 
     def drive(self, queues: list[str] | None = None, seconds: float = 240) -> int:
         """Evaluate the sensors (of `queues`, default all) and run what they request, until nothing
@@ -75,7 +74,6 @@ class Driver:
             failures = outcome.get_step_failure_events()
             error = failures[0].step_failure_data.error if failures else None
             message = error.message.strip() if error else "alert"
-            self.alerts.append(message)
             print(f"  ALERT run {job_name}: {message}")
             return
         assert outcome.success, f"{job_name} failed"

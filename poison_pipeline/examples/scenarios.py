@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from typing import Any
 
 import pyarrow.compute as pc
@@ -30,17 +31,19 @@ def _rows(declaration: Declaration, queue: str, table: str, columns: list[str] |
     return tables.open(table).to_pyarrow_table(columns=columns).to_pylist()
 
 
-def _enqueue(declaration: Declaration, queue: str, records: list[dict[str, Any]]) -> int:
+def _enqueue(declaration: Declaration, queue: str, records: list[dict[str, Any]], received: Counter[str]) -> int:
+    """Enqueue, and count what each queue received for the demo's conservation lines."""
     result = enqueue(declaration, queue, records)
     assert not result.refused, result.refused[:3]
     print(f"enqueued {result.accepted} messages to {queue}")
+    received[queue] += result.accepted
     return result.accepted
 
 
-def conversations(declaration: Declaration, driver: Driver) -> bool:
+def conversations(declaration: Declaration, driver: Driver, received: Counter[str]) -> bool:
     print("\n== Conversations in order ==")
-    accounts = _enqueue(declaration, "accounts", account_messages(500, random.Random(11)))
-    _enqueue(declaration, "presentations", presentation_messages(20, broken=3))
+    accounts = _enqueue(declaration, "accounts", account_messages(500, random.Random(11)), received)
+    _enqueue(declaration, "presentations", presentation_messages(20, broken=3), received)
     driver.drive(["accounts", "presentations"])
     attempts = _rows(declaration, "accounts", ATTEMPTS, ["outcome"])
     failed = sum(1 for a in attempts if a["outcome"] != "success")
@@ -62,12 +65,13 @@ def conversations(declaration: Declaration, driver: Driver) -> bool:
     return failed == 0 and list(ended) == ["presentation-003"] and len(gone) == 3 and hook.exists() and shown == 95
 
 
-def outage(declaration: Declaration, driver: Driver) -> bool:
+def outage(declaration: Declaration, driver: Driver, received: Counter[str]) -> bool:
     print("\n== An outage: the inventory database is down ==")
     flag = app_db() / "inventory.down"
     flag.parent.mkdir(parents=True, exist_ok=True)
     flag.touch()
-    count = _enqueue(declaration, "inventory", inventory_messages(2_000, random.Random(5), prefix="inv-outage"))
+    count = _enqueue(declaration, "inventory", inventory_messages(2_000, random.Random(5), prefix="inv-outage"),
+                     received)
     driver.drive(["inventory"])
     tables = QueueTables.of(declaration, "inventory")
     state = queue_state(tables)
@@ -86,13 +90,13 @@ def outage(declaration: Declaration, driver: Driver) -> bool:
     return not state.enabled and bool(outage_attempts) and queue_state(tables).enabled and processed > 0
 
 
-def resend(declaration: Declaration, driver: Driver, lifetime_s: float = 4.0) -> bool:
+def resend(declaration: Declaration, driver: Driver, received: Counter[str], lifetime_s: float = 4.0) -> bool:
     print("\n== Sending, a lifetime-expired conversation, and a resend ==")
     shipping = QueueTables.of(declaration, "shipping")
     shipping.ensure()
     set_enabled(shipping, False, "demo", "shipping is down for maintenance")
     orders = checkout_messages(20, lifetime_s, recalled=7)
-    _enqueue(declaration, "checkout", orders)
+    _enqueue(declaration, "checkout", orders, received)
     driver.drive(["checkout", "shipping"])
     pending = _rows(declaration, "checkout", TRANSMISSION, ["conversation_id"])
     print(f"checkout sent {len(pending)} messages on {len({p['conversation_id'] for p in pending})} conversations; "
@@ -108,6 +112,7 @@ def resend(declaration: Declaration, driver: Driver, lifetime_s: float = 4.0) ->
     arrived = _rows(declaration, "shipping", "processed", ["message_id", "disposition"])
     poisoned = _rows(declaration, "shipping", "quarantine", ["message_id"])
     expected = sum(len(o["body"]["items"]) + 2 for o in orders)
+    received["shipping"] += expected  # begin, the items and end of each shipment
     print(f"shipping took whole batches: {len(arrived)} processed, {len(poisoned)} poisoned and quarantined "
           f"({', '.join(p['message_id'] for p in poisoned)}: the recalled item, found by bisection), "
           f"of {expected} sent")

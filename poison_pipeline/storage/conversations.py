@@ -26,7 +26,6 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -236,13 +235,8 @@ def _has_event(tables: QueueTables, event_id: str) -> bool:
 
 
 def _as_dead_letter(rows: pa.Table, from_table: str, now: datetime) -> pa.Table:
-    constants: dict[str, Any] = {"reason": CONVERSATION_ENDED, "from_table": from_table, "dead_lettered_at": now}
-    columns = [
-        pa.array([constants[f.name]] * rows.num_rows, type=f.type) if f.name in constants
-        else rows.column(f.name).cast(f.type)
-        for f in schemas.DEAD_LETTER
-    ]
-    return pa.Table.from_arrays(columns, schema=schemas.DEAD_LETTER)
+    return schemas.project(rows, schemas.DEAD_LETTER, reason=CONVERSATION_ENDED, from_table=from_table,
+                           dead_lettered_at=now)
 
 
 def _already_moved(tables: QueueTables, conversation_id: str, from_table: str) -> set[tuple[str, str | None]]:

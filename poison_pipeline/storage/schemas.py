@@ -164,3 +164,14 @@ RESULT = pa.schema(
 )
 
 PARTITIONS: dict[str, list[str]] = {"processed": ["date"], "attempts": ["date"]}
+
+
+def project(rows: pa.Table, schema: pa.Schema, **constants: object) -> pa.Table:
+    """`rows` as a table of `schema`: named columns filled with constants, the rest taken from rows."""
+    columns = []
+    for field in schema:
+        if field.name in constants:
+            columns.append(pa.array([constants[field.name]] * rows.num_rows, type=field.type))
+        else:
+            columns.append(rows.column(field.name).cast(field.type))
+    return pa.Table.from_arrays(columns, schema=schema)

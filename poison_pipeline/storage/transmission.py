@@ -115,19 +115,21 @@ def _resent(rows: list[dict], now: datetime, contract: str | None) -> tuple[str,
     return conversation, out
 
 
+# A sent message enters its target's inbound (or the sender's dead_letter) as a new arrival.
+_FRESH: dict[str, object] = {"abort_count": 0, "total_abort_count": 0, "move_count": 0, "last_error_type": None,
+                             "last_error_message": None, "last_error_stack": None, "last_error_signature": None}
+
+
 def _inbound_rows(rows: list[dict], batch_id: str, now: datetime) -> pa.Table:
-    out = [{name: row.get(name) for name in schemas.MESSAGE.names} | {
-        "enqueued_at": now, "abort_count": 0, "total_abort_count": 0, "move_count": 0, "due_at": now,
-        "entered_at": now, "batch_id": batch_id} for row in rows]
-    return pa.Table.from_pylist(out, schema=schemas.MESSAGE)
+    sent = pa.Table.from_pylist(rows, schema=schemas.TRANSMISSION)
+    return schemas.project(sent, schemas.MESSAGE, **_FRESH, enqueued_at=now, due_at=now, entered_at=now,
+                           batch_id=batch_id)
 
 
 def _dead_rows(rows: list[dict], code: int, now: datetime) -> pa.Table:
-    out = [{name: row.get(name) for name in schemas.MESSAGE.names} | {
-        "abort_count": 0, "total_abort_count": 0, "move_count": 0, "due_at": now, "entered_at": now,
-        "reason": f"conversation_error {code}", "from_table": TRANSMISSION, "dead_lettered_at": now}
-        for row in rows]
-    return pa.Table.from_pylist(out, schema=schemas.DEAD_LETTER)
+    sent = pa.Table.from_pylist(rows, schema=schemas.TRANSMISSION)
+    return schemas.project(sent, schemas.DEAD_LETTER, **_FRESH, due_at=now, entered_at=now,
+                           reason=f"conversation_error {code}", from_table=TRANSMISSION, dead_lettered_at=now)
 
 
 def transmit(declaration: Declaration, queue: str, now: datetime | None = None) -> TransmitResult:
