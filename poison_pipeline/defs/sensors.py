@@ -25,7 +25,8 @@ from poison_pipeline.defs.naming import QUEUE_TAG, job_name, sensor_name
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, POISON
 from poison_pipeline.storage.control import queue_state
-from poison_pipeline.storage.tables import EVENTS, TRANSMISSION, QueueTables
+from poison_pipeline.storage.events import events_version
+from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,7 @@ def decide_transmission(declaration: Declaration, queue: str, cursor: dict[str, 
     deadlines = [d for d in actions.column(column).to_pylist() if d] if column in actions.column_names else []
     expired = bool(deadlines) and min(deadlines) <= now
     # A target's events table changes when it is enabled or disabled: a reason to offer again.
-    others = [QueueTables.of(declaration, q) for q in declaration.queues]
-    states = {t.queue: t.open(EVENTS).version() for t in others if t.exists(EVENTS)}
+    states = {q: events_version(QueueTables.of(declaration, q)) for q in declaration.queues}
     digest = hashlib.sha1(json.dumps([states, expired], sort_keys=True).encode()).hexdigest()[:12]
     run_key = f"{queue}/{TRANSMISSION}/v{log.version()}/{digest}"
     if run_key == cursor.get("last_run_key"):
