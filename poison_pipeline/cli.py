@@ -1,7 +1,8 @@
 """The `poison-pipeline` command line for operators (SPEC section 8).
 
 Exit codes: 0 success; 1 the command ran but not everything went through (lines refused, message not
-found, storage failure); 2 usage or configuration errors. A user mistake is one line on stderr,
+found, storage failure); 2 usage or configuration errors; 3 the queue is busy (another run held its
+lease for longer than `lease.wait`). A user mistake is one line on stderr,
 never a traceback.
 """
 
@@ -11,6 +12,7 @@ import argparse
 import base64
 import getpass
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -35,10 +37,11 @@ from poison_pipeline.storage.conversations import (
     end_conversation,
 )
 from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.lease import LeaseHeld
 from poison_pipeline.storage.tables import QueueTables
 
 PROG = "poison-pipeline"
-EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 
 
 class UsageError(Exception):
@@ -396,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # argparse exits after --help (0) and on usage errors (2)
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    # The lease says on stderr whom a command waits for (storage/lease.py logs it).
+    logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(message)s", stream=sys.stderr)
     try:
         code: int = args.run(args)
         return code
@@ -405,6 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DeclarationError as error:
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except LeaseHeld as error:
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_BUSY
     except BrokenPipeError:
         # The reader went away (`| head`): nothing is wrong, and nothing more can be printed.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

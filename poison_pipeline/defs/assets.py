@@ -68,7 +68,9 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
 
     @asset(**_spec(declaration, queue, table, upstream, description, spark=True, extra=senders))
     def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
-        report = run_cycle(spark.spark_session, declaration, queue, table, run_id=context.run.run_id)
+        report = run_cycle(spark.spark_session, declaration, queue, table, run_id=context.run.run_id,
+                           on_wait=lambda holder: context.log.warning(
+                               f"{queue}: waiting for the queue's lease, held by {holder.describe()}"))
         if report.skipped:
             context.log.warning(f"{queue}/{table}: processed nothing: {report.skipped}")
         else:
@@ -98,7 +100,7 @@ def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: li
 def _transmission_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
     @asset(**_spec(declaration, queue, table, upstream, _DESCRIPTIONS[TRANSMISSION]))
     def transmission(context: AssetExecutionContext) -> MaterializeResult:
-        result = transmit(declaration, queue)
+        result = transmit(declaration, queue, run_id=context.run.run_id)
         for failure in result.failures:
             context.log.warning(f"{queue}: conversation {failure.conversation_id} to {failure.target} failed with "
                                 f"{failure.code} ({failure.description}): {failure.action}")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from poison_pipeline.domain.imports import import_callable
-from poison_pipeline.domain.policy import Ordering, PoisonQueuePolicy, Policy
+from poison_pipeline.domain.policy import Duration, Ordering, PoisonQueuePolicy, Policy
 from poison_pipeline.handlers import batch_size
 
 _QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -44,6 +45,32 @@ class SparkSettings(BaseModel):
     def _connect_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("sc://"):
             raise ValueError("a Spark Connect endpoint starts with sc:// (e.g. sc://host:15002)")
+        return value
+
+
+class LeaseSettings(BaseModel):
+    """How a second starter of a queue's work waits for the one already running (one writer per queue)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # How long a starter waits for the lease before it fails naming the holder.
+    wait: Duration = timedelta(minutes=2)
+    # A lease not renewed for this long is expired: a holder killed with kill -9 loses it.
+    expiry: Duration = timedelta(minutes=1)
+
+    @field_validator("expiry")
+    @classmethod
+    def _renewable(cls, value: timedelta) -> timedelta:
+        # The holder renews at a third of the expiry: shorter than this, renewals would be all it does.
+        if value < timedelta(milliseconds=300):
+            raise ValueError("the lease expiry must be at least 300ms (the holder renews it every third of it)")
+        return value
+
+    @field_validator("wait")
+    @classmethod
+    def _not_negative(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("the lease wait must not be negative (0 fails at once when the queue is busy)")
         return value
 
 
@@ -102,6 +129,7 @@ class Declaration(BaseModel):
     queues: dict[str, QueueDeclaration]
     # Called with a QueueEvent when a queue is disabled: where a user points mail or chat.
     alert_hook: str | None = None
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
 
     @field_validator("alert_hook")
     @classmethod

@@ -18,7 +18,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE, STAY, Disposition
 from poison_pipeline.engine.changes import decode_sent
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.control import QUEUE_DISABLED, event_row
+from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_commit
 from poison_pipeline.storage.conversations import end_conversation
 from poison_pipeline.storage.journal import JournalEntry
 from poison_pipeline.storage.tables import ATTEMPTS, EVENTS, NOTIFICATIONS, TRANSMISSION, QueueTables
@@ -76,8 +76,11 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
     # Each of these reads the staged data again: only when the cycle had such messages at all.
     if Disposition.REJECTED.value in dispositions:
         commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
-    if dispositions & {Disposition.FAULTED.value, Disposition.OUTAGE.value}:
-        commit(EVENTS, _disable_events(staged, entry, now))
+    disables = _disable_events(staged, entry, now) if dispositions & {Disposition.FAULTED.value,
+                                                                     Disposition.OUTAGE.value} else []
+    if disables:
+        events, state = state_commit(tables, disables, enabled=False)
+        tables.append(EVENTS, events, app_id=app_id, version=entry.seq, also=[state])
     tables.remove_batches(entry.table, entry.batches)
     counts: dict[str, float] = dict(Counter(summary["disposition"].to_pylist()))
     counts["messages"] = summary.num_rows
@@ -125,7 +128,7 @@ def _negative_acknowledgements(staged: pads.Dataset, entry: JournalEntry, now: d
     return pa.Table.from_pylist(rows, schema=schemas.NOTIFICATIONS)
 
 
-def _disable_events(staged: pads.Dataset, entry: JournalEntry, now: datetime) -> pa.Table:
+def _disable_events(staged: pads.Dataset, entry: JournalEntry, now: datetime) -> list[dict[str, object]]:
     """One queue_disabled event per cycle that faulted messages or stopped on an outage: an alert
     per cycle, not per message."""
     rows = []
@@ -146,7 +149,7 @@ def _disable_events(staged: pads.Dataset, entry: JournalEntry, now: datetime) ->
                   "that points at a dependency (policy outage_errors), and nothing succeeded; the cycle stopped and "
                   f"returned {returned.num_rows} message(s) uncharged. Failed: {_sample(ids)}")
         rows.append(event_row(QUEUE_DISABLED, now, "poison_pipeline", reason, ids[0] if ids else None, entry.table))
-    return pa.Table.from_pylist(rows, schema=schemas.EVENTS)
+    return rows
 
 
 def _sample(ids: list[str]) -> str:

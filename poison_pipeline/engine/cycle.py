@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -21,6 +22,7 @@ from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.conversations import ended_conversations
 from poison_pipeline.storage.inflight import culprits
 from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
+from poison_pipeline.storage.lease import Holder, Lease
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.transmission import pending_count, transmit
 
@@ -97,14 +99,25 @@ def run_cycle(
     table: str,
     now: datetime | None = None,
     run_id: str = "manual",
+    on_wait: Callable[[Holder], None] | None = None,
 ) -> CycleReport:
-    """Process the due messages of `table` in `queue` once; safe to re-run after any crash."""
-    started = time.perf_counter()
-    queue_decl = declaration.queue(queue)
+    """Process the due messages of `table` in `queue` once; safe to re-run after any crash.
+
+    Holds the queue's lease throughout: a second starter of any work on this queue waits, then
+    fails naming this run (`on_wait` hears of a holder this run waits for)."""
     tables = QueueTables.of(declaration, queue)
     if table not in tables.waiting:
         raise ValueError(f"{table!r} is not a waiting table of {queue!r}: {', '.join(tables.waiting)}")
     tables.ensure()
+    with tables.lease(f"{table} cycle", run_id, on_wait) as lease:
+        return _run_held(spark, declaration, tables, table, now, run_id, lease)
+
+
+def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables, table: str,
+              now: datetime | None, run_id: str, lease: Lease) -> CycleReport:
+    started = time.perf_counter()
+    queue = tables.queue
+    queue_decl = declaration.queue(queue)
     report = CycleReport(queue, table)
     cycle = cycle_number(table, queue_decl.policy)
     previous = read_entry(_journal(tables, table))
@@ -112,6 +125,7 @@ def run_cycle(
     if previous is not None:
         seq = previous.seq if previous.state == "planned" else previous.seq + 1
         if previous.state == "staged":
+            lease.check()
             report.recovered = _finish(declaration, tables, previous, cycle)
         elif previous.state == "planned":
             remove_tree(previous.staging)  # a compute that died: nothing of it was committed
@@ -127,8 +141,9 @@ def run_cycle(
         report.skipped = "no message is due"
         report.duration_s = time.perf_counter() - started
         return report
+    # Per holder: a holder that lost its lease and still computes never writes where the next one stages.
     entry = JournalEntry(seq, "planned", table, run_id, now.isoformat(), list(stats.due_batches),
-                         tables.work_uri("staging", table, str(seq)))
+                         tables.work_uri("staging", table, f"{seq}-{lease.holder_id}"))
     write_entry(_journal(tables, table), entry)
     batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
     ordered = queue_decl.policy.ordering is Ordering.CONVERSATION
@@ -151,14 +166,16 @@ def run_cycle(
     )
     if ordered:
         batch = in_conversation_order(batch)
-    report.worker_deaths = _stage(batch, spec, entry.staging, tables.work_uri("inflight", table))
+    report.worker_deaths = _stage(batch, spec, entry.staging, tables.work_uri("inflight", table, lease.holder_id))
+    lease.check()
     entry.state = "staged"
     write_entry(_journal(tables, table), entry)
     report.seq = seq
     report.counts = _finish(declaration, tables, entry, cycle)
     if pending_count(tables):
         # What this cycle's handlers sent is offered to its targets in the same run.
-        sent = transmit(declaration, queue, now)
+        lease.check()
+        sent = transmit(declaration, queue, now, run_id)
         report.counts.update({"transmitted": sum(sent.delivered.values()), "conversation_errors": len(sent.failures)})
     report.duration_s = time.perf_counter() - started
     return report

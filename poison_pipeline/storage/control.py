@@ -8,6 +8,9 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import EVENTS, QueueTables
@@ -37,23 +40,71 @@ def event_row(kind: str, at: datetime, actor: str, reason: str, message_id: str 
     }
 
 
+def _state_app(tables: QueueTables) -> str:
+    return f"poison_pipeline/{tables.queue}/queue_state"
+
+
+def _state_event_id(version: int) -> str:
+    return f"evt-queue_state-{version}"
+
+
+def state_commit(tables: QueueTables, rows: list[dict[str, object]], enabled: bool) -> tuple[pa.Table, Transaction]:
+    """The events of one enable or disable and the app transaction that makes it the queue's state.
+
+    The state is the transaction's version in the newest commit that carries it (Delta's log order,
+    whatever the clocks that stamped the rows): odd when enabled, even when disabled. Two toggles
+    committed from one snapshot conflict, so one of them is retried on the newer state."""
+    committed = tables.open(EVENTS).transaction_version(_state_app(tables))
+    version = 2 * ((committed or 0) // 2 + 1) + int(enabled)
+    # The first row is the one the state points at: its reason, actor and time describe it.
+    named = [{**rows[0], "event_id": _state_event_id(version)}, *rows[1:]]
+    return pa.Table.from_pylist(named, schema=schemas.EVENTS), Transaction(_state_app(tables), version)
+
+
 def queue_state(tables: QueueTables) -> QueueState:
     if not tables.exists(EVENTS):
         return QueueState(enabled=True)
-    events = tables.open(EVENTS).to_pyarrow_table(columns=["kind", "at", "actor", "reason"])
-    toggles = events.filter(pc.is_in(events["kind"], pa.array([QUEUE_DISABLED, QUEUE_ENABLED])))
+    events = tables.open(EVENTS)
+    version = events.transaction_version(_state_app(tables))
+    if version is None:
+        return _state_by_time(events)
+    found = events.to_pyarrow_dataset().to_table(
+        columns=["kind", "at", "actor", "reason"], filter=pads.field("event_id") == _state_event_id(version))
+    row = found.to_pylist()[0] if found.num_rows else {"reason": None, "at": None, "actor": None}
+    return QueueState(version % 2 == 1, row["reason"], row["at"], row["actor"])
+
+
+def _state_by_time(events: DeltaTable) -> QueueState:
+    """A lake whose toggles were all written before states followed commit order: the newest event."""
+    rows = events.to_pyarrow_table(columns=["kind", "at", "actor", "reason"])
+    toggles = rows.filter(pc.is_in(rows["kind"], pa.array([QUEUE_DISABLED, QUEUE_ENABLED])))
     if toggles.num_rows == 0:
         return QueueState(enabled=True)
     last = toggles.sort_by([("at", "descending")]).slice(0, 1).to_pylist()[0]
     return QueueState(last["kind"] == QUEUE_ENABLED, last["reason"], last["at"], last["actor"])
 
 
-def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str) -> bool:
-    """Record an enable or disable; returns False (and writes nothing) when already in that state."""
+class StateNotRecorded(RuntimeError):
+    """An enable or disable was committed but the queue's state does not show it."""
+
+
+def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str, run_id: str = "manual") -> bool:
+    """Record an enable or disable under the queue's lease; returns False (and writes nothing) when
+    already in that state. Reads the state back and raises StateNotRecorded if it does not show it."""
     tables.ensure()
-    if queue_state(tables).enabled == enabled:
-        return False
     kind = QUEUE_ENABLED if enabled else QUEUE_DISABLED
-    row = event_row(kind, datetime.now(UTC), actor, reason)
-    tables.append(EVENTS, pa.Table.from_pylist([row], schema=schemas.EVENTS))
-    return True
+    with tables.lease("enable" if enabled else "disable", run_id):
+        for _ in range(5):
+            if queue_state(tables).enabled == enabled:
+                return False
+            data, transaction = state_commit(tables, [event_row(kind, datetime.now(UTC), actor, reason)], enabled)
+            try:
+                write_deltalake(tables.open(EVENTS), data, mode="append",
+                                commit_properties=CommitProperties(app_transactions=[transaction]))
+            except CommitFailedError:
+                continue  # another toggle committed from the same state: decide again on the newer one
+            if queue_state(tables).enabled != enabled:
+                raise StateNotRecorded(f"queue {tables.queue!r}: {kind} was committed but the queue still "
+                                       f"reads {'disabled' if enabled else 'enabled'}")
+            return True
+    raise StateNotRecorded(f"queue {tables.queue!r}: {kind} kept conflicting with other commits; try again")

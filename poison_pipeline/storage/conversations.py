@@ -109,9 +109,15 @@ def end_conversation(
     hook does not raise: the result carries `hook_error`, and the next call retries the hook.
     """
     check_end_request(declaration, queue, conversation_id, code, description, actor)
-    now = now or datetime.now(UTC)
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
+    with tables.lease("end-conversation"):
+        return _end_held(declaration, tables, conversation_id, code, description, actor, now or datetime.now(UTC))
+
+
+def _end_held(declaration: Declaration, tables: QueueTables, conversation_id: str, code: int, description: str,
+              actor: str, now: datetime) -> EndResult:
+    queue = tables.queue
     record, already = _record_end(tables, EndRecord(conversation_id, code, description, actor, now))
     _event_once(tables, _id("evt", CONVERSATION_ENDED, queue, conversation_id), CONVERSATION_ENDED,
                 record.at, record.actor, _ended_reason(record))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,7 +13,7 @@ import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.declaration import Declaration, LeaseSettings
 from poison_pipeline.domain.routing import (
     DEAD_LETTER,
     INBOUND,
@@ -22,6 +23,7 @@ from poison_pipeline.domain.routing import (
     waiting_tables,
 )
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, queue_lease
 
 ATTEMPTS = "attempts"
 EVENTS = "events"
@@ -78,6 +80,7 @@ class QueueTables:
     queue: str
     storage_options: dict[str, str]
     waiting: tuple[str, ...]
+    lease_settings: LeaseSettings = LeaseSettings()
 
     @classmethod
     def of(cls, declaration: Declaration, queue: str) -> QueueTables:
@@ -87,6 +90,7 @@ class QueueTables:
             queue=queue,
             storage_options=dict(declaration.storage_options),
             waiting=tuple(waiting_tables(policy)),
+            lease_settings=declaration.lease,
         )
 
     @property
@@ -100,6 +104,12 @@ class QueueTables:
     def work_uri(self, *parts: str) -> str:
         """Where the cycle journal and staged results live, beside the tables."""
         return "/".join((self.lake_root, self.queue, "_work", *parts))
+
+    def lease(self, purpose: str, run_id: str = "manual",
+              on_wait: Callable[[Holder], None] | None = None) -> AbstractContextManager[Lease]:
+        """Hold the queue's lease (one writer per queue) for a `with` block; see storage/lease.py."""
+        return queue_lease(self.uri(LEASE_TABLE), self.queue, self.storage_options, self.lease_settings,
+                           purpose, run_id, on_wait)
 
     def ensure(self) -> None:
         """Create every table that does not exist yet (safe to call from several processes)."""
@@ -130,16 +140,19 @@ class QueueTables:
     def exists(self, table: str) -> bool:
         return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
 
-    def append(self, table: str, data: Any, app_id: str | None = None, version: int = 0) -> bool:
-        """Append `data`; with an app id, once only: a replay of a committed version writes nothing."""
+    def append(self, table: str, data: Any, app_id: str | None = None, version: int = 0,
+               also: Sequence[Transaction] = ()) -> bool:
+        """Append `data`; with an app id, once only: a replay of a committed version writes nothing.
+        `also` are further app transactions recorded by the same commit."""
         target = self.open(table)
-        properties = None
+        transactions = list(also)
         if app_id is not None:
             # `or -1` would read a committed version 0 as "never committed".
             committed = target.transaction_version(app_id)
             if committed is not None and committed >= version:
                 return False
-            properties = CommitProperties(app_transactions=[Transaction(app_id, version)])
+            transactions.append(Transaction(app_id, version))
+        properties = CommitProperties(app_transactions=transactions) if transactions else None
         write_deltalake(
             target,
             data,

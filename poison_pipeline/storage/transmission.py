@@ -132,13 +132,20 @@ def _dead_rows(rows: list[dict], code: int, now: datetime) -> pa.Table:
                            reason=f"conversation_error {code}", from_table=TRANSMISSION, dead_lettered_at=now)
 
 
-def transmit(declaration: Declaration, queue: str, now: datetime | None = None) -> TransmitResult:
-    """Offer this queue's pending sent messages to their targets; safe to run again after a crash."""
-    now = now or datetime.now(UTC)
+def transmit(declaration: Declaration, queue: str, now: datetime | None = None,
+             run_id: str = "manual") -> TransmitResult:
+    """Offer this queue's pending sent messages to their targets; safe to run again after a crash.
+    Holds the sending queue's lease (targets' inbound tables take appends without one, as enqueues)."""
     tables = QueueTables.of(declaration, queue)
-    result = TransmitResult(queue)
     if not tables.exists(TRANSMISSION):
-        return result
+        return TransmitResult(queue)
+    with tables.lease("transmission", run_id):
+        return _transmit_held(declaration, tables, now or datetime.now(UTC))
+
+
+def _transmit_held(declaration: Declaration, tables: QueueTables, now: datetime) -> TransmitResult:
+    queue = tables.queue
+    result = TransmitResult(queue)
     snapshot = tables.open(TRANSMISSION)
     pending = snapshot.to_pyarrow_table()
     if pending.num_rows == 0:

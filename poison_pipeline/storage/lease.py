@@ -1,0 +1,251 @@
+"""One writer per queue, whatever starts it: a lease kept as a one-row Delta table in the lake.
+
+Taking, renewing and releasing the lease each overwrite that row from the snapshot just read. Two
+overwrites from one snapshot conflict in Delta (the later commit fails: it read data the other
+removed), so taking the lease is an atomic create-if-absent wherever delta-rs commits are atomic:
+a local disk, and every object store delta-rs supports for concurrent writers.
+
+A lease not renewed for `expiry` is expired. A waiter sees that on its own clock (the row's
+version has not moved for `expiry` while it watched), so no two hosts' clocks need to agree; a
+lease stamped to expire more than one further `expiry` ago by the waiter's clock is taken at once
+(a holder long dead). The holder renews at a third of `expiry` from a thread, and checks before it
+commits that nobody took the lease over (a process paused for longer than `expiry` loses it).
+
+Leases are reentrant per thread: a cycle that holds its queue's lease can end a conversation or
+transmit on that queue without waiting for itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from poison_pipeline.domain.declaration import LeaseSettings
+from poison_pipeline.storage.schemas import TS
+
+LEASE_TABLE = "_lease"
+SCHEMA = pa.schema([
+    pa.field("holder_id", pa.string()),  # null: nobody holds the lease
+    pa.field("purpose", pa.string()),
+    pa.field("run_id", pa.string()),
+    pa.field("host", pa.string()),
+    pa.field("pid", pa.int64()),
+    pa.field("since", TS),
+    pa.field("renewed_at", TS),
+    pa.field("expires_at", TS),
+])
+# Renewals add a version each: checkpoints and log clean-up keep reading the lease cheap.
+_TABLE_CONFIG = {"delta.checkpointInterval": "20", "delta.logRetentionDuration": "interval 1 days"}
+_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Holder:
+    holder_id: str
+    purpose: str
+    run_id: str
+    host: str
+    pid: int
+    since: datetime
+    renewed_at: datetime
+    expires_at: datetime
+
+    def describe(self) -> str:
+        since, renewed = (t.isoformat(timespec="seconds") for t in (self.since, self.renewed_at))
+        return (f"run {self.run_id} ({self.purpose}) on host {self.host}, pid {self.pid}, "
+                f"holding it since {since}, last renewed {renewed}")
+
+
+class LeaseHeld(RuntimeError):
+    """The queue's lease stayed held by another starter for as long as this one would wait."""
+
+    def __init__(self, queue: str, holder: Holder, waited: timedelta) -> None:
+        self.queue, self.holder = queue, holder
+        super().__init__(
+            f"queue {queue!r} is busy: its lease is held by {holder.describe()}; waited "
+            f"{waited.total_seconds():g}s (lease.wait). If that process is dead, its lease expires "
+            "once it has gone unrenewed for lease.expiry: start again then, and its work is recovered."
+        )
+
+
+class LeaseLost(RuntimeError):
+    """Another starter took this holder's lease over after it went unrenewed for too long."""
+
+
+@dataclass
+class _Seen:
+    version: int
+    since: float  # this process's monotonic clock when the version was first seen
+
+
+class Lease:
+    """The lease of one queue held by this process; use `queue_lease`, which takes and releases it."""
+
+    def __init__(self, uri: str, queue: str, storage_options: dict[str, str], settings: LeaseSettings,
+                 purpose: str, run_id: str) -> None:
+        self.uri, self.queue, self.storage_options, self.settings = uri, queue, storage_options, settings
+        self.holder_id = uuid.uuid4().hex
+        self.purpose, self.run_id = purpose, run_id
+        self.since = datetime.now(UTC)
+        self._lost: str | None = None
+        self._renewed = time.monotonic()  # the last commit that held the lease, on this process's clock
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    # -- reading and writing the row -------------------------------------------------------
+
+    def _open(self) -> DeltaTable:
+        if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
+            try:
+                write_deltalake(self.uri, pa.Table.from_pylist([], schema=SCHEMA), mode="error",
+                                configuration=_TABLE_CONFIG, storage_options=self.storage_options)
+            except DeltaError:
+                if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
+                    raise  # not a creation race: a real storage problem
+        return DeltaTable(self.uri, storage_options=self.storage_options)
+
+    @staticmethod
+    def _holder(table: DeltaTable) -> Holder | None:
+        rows = [r for r in table.to_pyarrow_table().to_pylist() if r["holder_id"] is not None]
+        return Holder(**max(rows, key=lambda r: r["renewed_at"])) if rows else None
+
+    def _row(self) -> dict[str, object]:
+        now = datetime.now(UTC)
+        return {"holder_id": self.holder_id, "purpose": self.purpose, "run_id": self.run_id,
+                "host": socket.gethostname(), "pid": os.getpid(), "since": self.since, "renewed_at": now,
+                "expires_at": now + self.settings.expiry}
+
+    def _write(self, snapshot: DeltaTable, row: dict[str, object] | None) -> bool:
+        """Overwrite the row from `snapshot`; False when another commit came first."""
+        data = pa.Table.from_pylist([row] if row else [], schema=SCHEMA)
+        try:
+            write_deltalake(snapshot, data, mode="overwrite")
+        except CommitFailedError:
+            return False
+        return True
+
+    # -- the holder's side -----------------------------------------------------------------
+
+    def acquire(self, on_wait: Callable[[Holder], None] | None = None) -> None:
+        """Take the lease, waiting up to `settings.wait` for its holder to release or lose it."""
+        started = time.monotonic()
+        seen: _Seen | None = None
+        told = False
+        while True:
+            table = self._open()
+            holder = self._holder(table)
+            if holder is None or holder.holder_id == self.holder_id or self._expired(holder, table, seen):
+                if self._write(table, self._row()):
+                    self._renewed = time.monotonic()
+                    self._start_renewing()
+                    return
+                continue  # someone committed between our read and our write: look again
+            version = table.version()
+            if seen is None or seen.version != version:
+                seen = _Seen(version, time.monotonic())
+            waited = time.monotonic() - started
+            if waited >= self.settings.wait.total_seconds():
+                raise LeaseHeld(self.queue, holder, timedelta(seconds=waited))
+            if not told:
+                (on_wait or _log_wait)(holder)
+                told = True
+            time.sleep(min(_POLL_S, self.settings.expiry.total_seconds() / 4))
+
+    def _expired(self, holder: Holder, table: DeltaTable, seen: _Seen | None) -> bool:
+        expiry = self.settings.expiry
+        if holder.expires_at + expiry < datetime.now(UTC):
+            return True
+        return seen is not None and seen.version == table.version() and \
+            time.monotonic() - seen.since >= expiry.total_seconds()
+
+    def _start_renewing(self) -> None:
+        self._renewer = threading.Thread(target=self._renew_loop, name=f"lease-{self.queue}", daemon=True)
+        self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        interval = self.settings.expiry.total_seconds() / 3
+        while not self._stop.wait(interval):
+            # A storage hiccup: the next renewal tries again, and check() sees how long it has been.
+            with contextlib.suppress(Exception):
+                self.renew()
+            if self._lost:
+                return
+
+    def renew(self) -> None:
+        """Push the expiry forward, or note that the lease was lost."""
+        for _ in range(3):
+            table = self._open()
+            holder = self._holder(table)
+            if holder is None or holder.holder_id != self.holder_id:
+                self._lost = (f"the lease of queue {self.queue!r} was taken over by "
+                              f"{holder.describe() if holder else 'nobody (it was released)'}")
+                return
+            if self._write(table, self._row()):
+                self._renewed = time.monotonic()
+                return
+
+    def check(self) -> None:
+        """Raise LeaseLost if another starter took the lease over: call before committing."""
+        unrenewed = time.monotonic() - self._renewed
+        if not self._lost and unrenewed >= self.settings.expiry.total_seconds():
+            self._lost = (f"the lease of queue {self.queue!r} could not be renewed for {unrenewed:.1f}s "
+                          "(lease.expiry): another starter may hold it now")
+        if self._lost:
+            raise LeaseLost(f"{self._lost}: this run ({self.run_id}) stops before committing anything more")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        if self._lost:
+            return
+        for _ in range(3):
+            table = self._open()
+            holder = self._holder(table)
+            if holder is None or holder.holder_id != self.holder_id or self._write(table, None):
+                return
+
+
+def _log_wait(holder: Holder) -> None:
+    logging.getLogger(__name__).warning("waiting for the lease of the queue, held by %s", holder.describe())
+
+
+_held = threading.local()
+
+
+@contextmanager
+def queue_lease(uri: str, queue: str, storage_options: dict[str, str], settings: LeaseSettings, purpose: str,
+                run_id: str = "manual", on_wait: Callable[[Holder], None] | None = None) -> Iterator[Lease]:
+    """Hold the queue's lease for the block; a thread that holds it already just goes on."""
+    held: dict[str, Lease] = _held.__dict__.setdefault("leases", {})
+    if uri in held:
+        yield held[uri]
+        return
+    lease = Lease(uri, queue, storage_options, settings, purpose, run_id)
+    lease.acquire(on_wait)
+    held[uri] = lease
+    try:
+        yield lease
+    finally:
+        del held[uri]
+        lease.release()
+
+
+def current_holder(uri: str, storage_options: dict[str, str]) -> Holder | None:
+    """Who holds the lease now, if anyone (for status); no lease table means nobody ever did."""
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return None
+    return Lease._holder(DeltaTable(uri, storage_options=storage_options))
