@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 from poison_pipeline.domain.envelope import Message
@@ -43,14 +44,17 @@ def _partition() -> int | None:
 
 
 def recording(message: Message) -> None:
-    """Logs every attempt, then behaves as the body says: `fail` (always raise), `fail_until_cycle`
-    N, `unfixable`, `down_if` PATH (raise DependencyDown while that file exists)."""
+    """Logs every attempt, then behaves as the body says: `hold_while` PATH (wait while that file
+    exists), `fail` (always raise), `fail_until_cycle` N, `unfixable`, `down_if` PATH (raise
+    DependencyDown while that file exists)."""
     body = message.json()
     if body.get("log"):
         append_line(body["log"], {
             "id": message.message_id, "conversation": message.conversation_id, "seq": message.sequence_number,
             "cycle": message.cycle, "attempt": message.attempt, "partition": _partition(), "pid": os.getpid(),
         })
+    while body.get("hold_while") and os.path.exists(body["hold_while"]):
+        time.sleep(0.05)
     if body.get("down_if") and os.path.exists(body["down_if"]):
         raise DependencyDown("inventory database down")
     if body.get("unfixable"):

@@ -1,0 +1,203 @@
+"""One writer per queue, whatever starts it (SPEC section 6, step 0): a lease in the lake that a
+second starter waits for, then fails naming; that expires when its holder dies; that a cycle
+killed with kill -9 leaves to the next starter, who recovers the cycle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from poison_pipeline import cli
+from poison_pipeline.domain.declaration import Declaration, LeaseSettings, load_declaration
+from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, LeaseHeld, LeaseLost
+from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.conftest import SPARK
+from poison_pipeline_tests.recording_handlers import read_lines
+from poison_pipeline_tests.support import places
+
+QUICK = LeaseSettings(wait="300ms", expiry="600ms")
+
+
+def write_config(folder: Path, wait: str, expiry: str, master: str = SPARK.master) -> Path:
+    config = folder / "poison_pipeline.yaml"
+    config.write_text(yaml.safe_dump({
+        "lake_root": str(folder / "lake"),
+        "spark": {**SPARK.model_dump(), "master": master},
+        "lease": {"wait": wait, "expiry": expiry},
+        "queues": {"q": {"handler": "poison_pipeline_tests.recording_handlers:recording",
+                         "policy": {"receive_retry_count": 0, "max_retry_cycles": 0, "retry_cycle_delay": 0,
+                                    "receive_error_handling": "drop"}}},
+    }))
+    return config
+
+
+def send(declaration: Declaration, count: int, **body: Any) -> None:
+    records = [{"message_id": f"m{i:05d}", "message_type": "t", "body": body} for i in range(count)]
+    assert not enqueue(declaration, "q", records).refused
+
+
+def tables(folder: Path, settings: LeaseSettings = QUICK) -> QueueTables:
+    return QueueTables(str(folder / "lake"), "q", {}, ("inbound",), settings)
+
+
+def start_cycle(config: Path, run_id: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "poison_pipeline_tests.cycle_process", str(config), "q", "inbound",
+                             run_id], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def wait_for(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def from_another_thread(folder: Path, **options: Any) -> BaseException | None:
+    """Take and release the queue's lease in another thread (a thread re-enters a lease it holds)."""
+    failure: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            with tables(folder).lease("enable", **options):
+                pass
+        except LeaseHeld as error:
+            failure.append(error)
+
+    other = threading.Thread(target=take)
+    other.start()
+    other.join()
+    return failure[0] if failure else None
+
+
+# -- the lease alone ------------------------------------------------------------------------
+
+def test_a_second_starter_waits_then_fails_naming_the_holder(tmp_path):
+    seen: list[Holder] = []
+    with tables(tmp_path).lease("inbound cycle", run_id="run-42"):
+        started = time.monotonic()
+        error = from_another_thread(tmp_path, on_wait=seen.append)
+        waited = time.monotonic() - started
+    assert isinstance(error, LeaseHeld)
+    message = str(error)
+    assert "queue 'q' is busy" in message and "run run-42 (inbound cycle)" in message
+    assert f"pid {os.getpid()}" in message and "since 20" in message and "waited" in message
+    assert waited >= 0.3
+    assert [h.run_id for h in seen] == ["run-42"]
+
+
+def test_a_second_starter_gets_the_lease_when_the_holder_releases_it(tmp_path):
+    patient = tables(tmp_path, LeaseSettings(wait="20s", expiry="2s"))
+    order: list[str] = []
+    with tables(tmp_path).lease("inbound cycle", run_id="first"):
+        def second() -> None:
+            with patient.lease("enable", run_id="second"):
+                order.append("second")
+
+        other = threading.Thread(target=second)
+        other.start()
+        time.sleep(0.5)
+        order.append("first done")
+    other.join()
+    assert order == ["first done", "second"]
+
+
+def test_the_lease_is_reentrant_in_one_thread(tmp_path):
+    with tables(tmp_path).lease("inbound cycle") as outer, tables(tmp_path).lease("end-conversation") as inner:
+        assert inner is outer
+
+
+def test_a_lease_that_is_not_renewed_expires_and_its_holder_learns_it_lost_it(tmp_path):
+    queue = tables(tmp_path)
+    lease = Lease(queue.uri(LEASE_TABLE), "q", {}, QUICK, "inbound cycle", "frozen")
+    lease.acquire()
+    # A process paused (or killed) stops renewing: stop the renewal thread without releasing.
+    lease._stop.set()
+    lease._renewer.join()
+    started = time.monotonic()
+    with tables(tmp_path, LeaseSettings(wait="10s", expiry="600ms")).lease("inbound cycle", run_id="next"):
+        took = time.monotonic() - started
+        lease.renew()
+        with pytest.raises(LeaseLost, match="taken over by run next"):
+            lease.check()
+    assert 0.5 <= took < 5
+
+
+def test_renewals_keep_a_long_holder_s_lease(tmp_path):
+    with tables(tmp_path).lease("inbound cycle", run_id="long") as lease:
+        time.sleep(2.0)  # more than three expiries of 600ms
+        lease.check()
+        assert isinstance(from_another_thread(tmp_path), LeaseHeld)
+    assert from_another_thread(tmp_path) is None
+
+
+# -- cycles, processes and commands ---------------------------------------------------------
+
+@pytest.mark.e2e
+def test_two_processes_started_together_never_run_a_handler_twice(tmp_path):
+    config = write_config(tmp_path, wait="5m", expiry="30s", master="local[1]")
+    declaration = load_declaration(config)
+    log = tmp_path / "calls.jsonl"
+    send(declaration, 2000, log=str(log))
+    first, second = start_cycle(config, "run-a"), start_cycle(config, "run-b")
+    outputs = [process.communicate(timeout=600) for process in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0], outputs
+    calls = Counter(line["id"] for line in read_lines(log))
+    assert len(calls) == 2000 and max(calls.values()) == 1, calls.most_common(3)
+    assert all(where == ["processed:processed"] for where in places(declaration).values())
+
+
+@pytest.mark.e2e
+def test_a_holder_killed_with_kill_9_loses_the_lease_and_the_next_starter_recovers_the_cycle(spark, tmp_path):
+    config = write_config(tmp_path, wait="2m", expiry="3s", master="local[1]")
+    declaration = load_declaration(config)
+    gate, log = tmp_path / "gate", tmp_path / "calls.jsonl"
+    gate.touch()
+    send(declaration, 20, log=str(log), hold_while=str(gate))
+    holder = start_cycle(config, "doomed")
+    wait_for(lambda: log.exists())  # a handler is running: the cycle holds the lease and has planned
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait()
+    gate.unlink()
+    waited_for: list[Holder] = []
+    report = run_cycle(spark, declaration, "q", "inbound", run_id="rescuer", on_wait=waited_for.append)
+    assert [h.run_id for h in waited_for] == ["doomed"] and waited_for[0].pid == holder.pid
+    assert report.counts["processed"] == 20
+    assert all(where == ["processed:processed"] for where in places(declaration).values())
+    assert len(places(declaration)) == 20
+
+
+@pytest.mark.e2e
+def test_a_command_against_a_running_cycle_waits_then_fails_naming_it_and_works_after(spark, tmp_path, capsys):
+    config = write_config(tmp_path, wait="1s", expiry="3s")
+    declaration = load_declaration(config)
+    gate, log = tmp_path / "gate", tmp_path / "calls.jsonl"
+    gate.touch()
+    send(declaration, 4, log=str(log), hold_while=str(gate))
+    reports: list[Any] = []
+    cycle = threading.Thread(target=lambda: reports.append(
+        run_cycle(spark, declaration, "q", "inbound", run_id="busy-cycle")))
+    cycle.start()
+    try:
+        wait_for(lambda: log.exists())
+        code = cli.main(["--config", str(config), "enable", "q", "--reason", "test"])
+        err = capsys.readouterr().err
+        assert code == cli.EXIT_BUSY
+        assert "run busy-cycle (inbound cycle)" in err and f"pid {os.getpid()}" in err
+    finally:
+        gate.unlink()
+        cycle.join()
+    assert reports[0].counts["processed"] == 4
+    assert cli.main(["--config", str(config), "enable", "q", "--reason", "test"]) == cli.EXIT_OK
