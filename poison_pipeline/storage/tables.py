@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import TableNotFoundError
@@ -72,6 +73,22 @@ class TableStats:
     due_batches: tuple[str, ...]
     due_files: tuple[str, ...]
     next_due: datetime | None
+
+
+def _whole_due_batches(paths: list[str], dues: list[datetime | None], batches: dict[str, set[str | None]],
+                       now: datetime) -> set[str]:
+    """The due files whose batches lie wholly in due files.
+
+    A cycle reads files and removes batches: the two are the same rows only when no batch it takes
+    has rows in a file it does not read. A batch sharing a file with one not yet due waits for it."""
+    due = {path for path, when in zip(paths, dues, strict=True) if when is not None and when <= now}
+    held = {b for path in paths if path not in due for b in batches[path]}
+    while True:
+        taken = {path for path in due if not batches[path] & held}
+        newly_held = {b for path in due - taken for b in batches[path]} - held
+        if not newly_held:
+            return taken
+        held |= newly_held
 
 
 @dataclass(frozen=True)
@@ -198,8 +215,28 @@ class QueueTables:
             kept = pa.concat_tables([kept.read_all().cast(schema_of(table)), add.cast(schema_of(table))])
         write_deltalake(target, kept, mode="overwrite", predicate=" OR ".join(clauses), writer_properties=_WRITER)
 
+    @staticmethod
+    def _batches_of_files(target: DeltaTable, paths: list[str], firsts: list[str | None],
+                          lasts: list[str | None]) -> dict[str, set[str | None]]:
+        """The batch ids in each file: its statistics name them when a file holds one batch, as every
+        append writes; a file that a rewrite left with several is read (one narrow column)."""
+        batches: dict[str, set[str | None]] = {}
+        mixed = []
+        for path, first, last in zip(paths, firsts, lasts, strict=True):
+            if first is not None and first == last:
+                batches[path] = {first}
+            else:
+                mixed.append(path)
+        if mixed:
+            fragments = {f.path: f for f in target.to_pyarrow_dataset().get_fragments()}
+            for path in mixed:
+                ids = fragments[path].to_table(columns=["batch_id"])["batch_id"]
+                batches[path] = set(pc.unique(ids).to_pylist())
+        return batches
+
     def stats(self, table: str, now: datetime) -> TableStats:
-        """Rows, oldest entry and due batches of a table, from the Delta log's file statistics."""
+        """Rows, oldest entry and due batches of a table, from the Delta log's file statistics (and
+        the batch ids of the few files that a rewrite left holding several batches)."""
         target = self.open(table)
         actions = pa.table(target.get_add_actions(flatten=True))
         if actions.num_rows == 0:
@@ -209,24 +246,22 @@ class QueueTables:
         oldest_col = f"min.{_ARRIVAL.get(table, 'entered_at')}"
         oldest_col = oldest_col if oldest_col in columns else None
         oldest_values = [v for v in actions.column(oldest_col).to_pylist() if v] if oldest_col else []
-        # Every file holds a single batch (each enqueue and each cycle output is written as one
-        # batch), so a file's min and max batch id name its batch and a batch is due as a whole.
-        due_rows, due_batches, due_files, next_due = 0, set(), [], None
+        due_rows, due_files, next_due = 0, [], None
         if "max.due_at" in columns:
-            for path, count, due, first, last in zip(
-                actions.column("path").to_pylist(),
-                rows,
-                actions.column("max.due_at").to_pylist(),
-                actions.column("min.batch_id").to_pylist(),
-                actions.column("max.batch_id").to_pylist(),
-                strict=True,
-            ):
-                if due is not None and due <= now:
+            paths = actions.column("path").to_pylist()
+            dues = actions.column("max.due_at").to_pylist()
+            batches = self._batches_of_files(target, paths, actions.column("min.batch_id").to_pylist(),
+                                             actions.column("max.batch_id").to_pylist())
+            taken = _whole_due_batches(paths, dues, batches, now)
+            for path, count, due in zip(paths, rows, dues, strict=True):
+                if path in taken:
                     due_rows += count
-                    due_batches.update({first, last})
                     due_files.append(f"{self.uri(table)}/{path}")
-                elif due is not None:
+                elif due is not None and due > now:  # a due file held back waits for one of these
                     next_due = due if next_due is None else min(next_due, due)
+            due_batches = {b for path in taken for b in batches[path]}
+        else:
+            due_batches = set()
         return TableStats(
             version=target.version(),
             rows=sum(rows),
