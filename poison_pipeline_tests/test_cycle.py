@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from poison_pipeline.engine.cycle import run_cycle
-from poison_pipeline.storage.control import queue_state
+from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.recording_handlers import read_lines
 from poison_pipeline_tests.support import attempts_of, places, queue, rows, send
+
+RECORDING = "poison_pipeline_tests.recording_handlers:recording"
 
 
 def drain(spark, declaration, name: str = "q") -> None:
@@ -38,13 +42,66 @@ def test_attempt_bound_and_counts_follow_wcf(spark, make_declaration):
     assert (waiting["abort_count"], waiting["total_abort_count"], waiting["move_count"]) == (0, 3, 1)
     run_cycle(spark, declaration, "q", "retry_1")
     [waiting] = rows(declaration, "retry_2")
-    assert (waiting["total_abort_count"], waiting["move_count"]) == (6, 2)
+    assert (waiting["total_abort_count"], waiting["move_count"]) == (6, 3)
     run_cycle(spark, declaration, "q", "retry_2")
     [poisoned] = rows(declaration, "poison")
     attempts = attempts_of(declaration, "bad")
     assert len(attempts) == (2 + 1) * (2 + 1) == poisoned["total_abort_count"]
     assert [(a["cycle"], a["attempt"]) for a in attempts] == [(c, n) for c in range(3) for n in (1, 2, 3)]
-    assert poisoned["move_count"] == 3 and poisoned["last_error_type"] == "ValueError"
+    assert poisoned["move_count"] == 5 and poisoned["last_error_type"] == "ValueError"
+
+
+def moves_read(log: Path) -> list[tuple[str, int, int]]:
+    """(message id, cycle, move count) of every attempt the recording handler logged, in order."""
+    return [(line["id"], line["cycle"], line["move_count"]) for line in read_lines(log)]
+
+
+def test_move_count_is_counted_as_msmq_counts_it(spark, make_declaration, tmp_path):
+    spec = queue(receive_retry_count=0, max_retry_cycles=2, retry_cycle_delay="30m",
+                 receive_error_handling="move")
+    spec["q"]["handler"] = RECORDING
+    spec["q"]["poison_queue"] = {"handler": RECORDING}
+    declaration = make_declaration(spec)
+    log = tmp_path / "deliveries.jsonl"
+    # `late` works in retry cycle 1; `bad` fails every cycle and works in the poison queue (cycle 3).
+    send(declaration, {"late": {"log": str(log), "fail_until_cycle": 1},
+                       "bad": {"log": str(log), "fail_until_cycle": 3}})
+    start = datetime.now(UTC)
+
+    run_cycle(spark, declaration, "q", "inbound", now=start)
+    # One move, to the retry subqueue; the handler of retry cycle 1 reads two, with the move back.
+    assert {r["message_id"]: r["move_count"] for r in rows(declaration, "retry_1")} == {"late": 1, "bad": 1}
+    run_cycle(spark, declaration, "q", "retry_1", now=start + timedelta(minutes=31))
+    [waiting] = rows(declaration, "retry_2")
+    assert (waiting["message_id"], waiting["move_count"]) == ("bad", 3)
+    run_cycle(spark, declaration, "q", "retry_2", now=start + timedelta(minutes=62))
+    [poisoned] = rows(declaration, "poison")
+    assert poisoned["move_count"] == 5, "back from retry_2, then to the poison queue"
+    run_cycle(spark, declaration, "q", "poison", now=start + timedelta(minutes=63))
+
+    assert sorted(moves_read(log)) == [("bad", 0, 0), ("bad", 1, 2), ("bad", 2, 4), ("bad", 3, 5),
+                                       ("late", 0, 0), ("late", 1, 2)]
+    ledger = {r["message_id"]: (r["disposition"], r["from_table"], r["move_count"])
+              for r in rows(declaration, "processed")}
+    assert ledger == {"late": ("processed", "retry_1", 2), "bad": ("processed", "poison", 5)}
+
+
+def test_a_faulted_message_left_in_its_retry_subqueue_reads_the_same_count_again(spark, make_declaration,
+                                                                               tmp_path):
+    spec = queue(receive_retry_count=0, max_retry_cycles=1, receive_error_handling="fault")
+    spec["q"]["handler"] = RECORDING
+    declaration = make_declaration(spec)
+    log = tmp_path / "deliveries.jsonl"
+    send(declaration, {"bad": {"log": str(log), "fail_until_cycle": 2}})
+    drain(spark, declaration)
+    # Faulted in cycle 1 it stays in retry_1 with its one move: it never left the subqueue.
+    [stays] = rows(declaration, "retry_1")
+    assert stays["move_count"] == 1
+    set_enabled(QueueTables.of(declaration, "q"), True, "test", "fixed")
+    run_cycle(spark, declaration, "q", "retry_1")
+    assert moves_read(log) == [("bad", 0, 0), ("bad", 1, 2), ("bad", 1, 2)]
+    [faulted_again] = rows(declaration, "retry_1")
+    assert faulted_again["move_count"] == 1
 
 
 def test_message_that_succeeds_on_a_later_cycle_is_processed(spark, make_declaration):

@@ -147,7 +147,8 @@ def test_inspect_shows_place_counts_body_and_attempt_history(cycled: Declaration
     [place] = found.locations
     assert (place.queue, place.table, place.reason, place.from_table) == ("q", "dead_letter", "rejected",
                                                                           "retry_1")
-    assert (place.abort_count, place.total_abort_count, place.move_count) == (2, 4, 1)
+    # Moved to retry_1 and back for its retry cycle before it was rejected: two moves.
+    assert (place.abort_count, place.total_abort_count, place.move_count) == (2, 4, 2)
     assert place.last_error is not None and place.last_error.type == "ValueError"
     assert found.envelope.body.shown_as == "json"
     assert found.envelope.body.text == '{\n  "fail": true\n}'

@@ -129,7 +129,8 @@ def test_conversations_keep_sequence_order_and_a_failure_holds_only_its_own(
     poisoned = {r["message_id"]: r for r in rows(declaration, "poison")}
     assert set(poisoned) == {f"c21-s{s}" for s in range(1, 6)}
     assert poisoned["c21-s1"]["total_abort_count"] == 4
-    assert all(poisoned[f"c21-s{s}"]["move_count"] == 2 for s in range(1, 6))
+    # To retry_1, back, to poison: the held ones, never attempted, moved with the failing one.
+    assert all(poisoned[f"c21-s{s}"]["move_count"] == 3 for s in range(1, 6))
     assert all(attempts_of(declaration, f"c21-s{s}") == [] for s in range(2, 6))
     processed = ledger(declaration)
     assert len(processed) == 195 and set(processed.values()) == {1}, "each processed exactly once"
@@ -176,6 +177,26 @@ def test_a_later_message_joins_its_conversation_waiting_in_a_retry_subqueue(spar
 
     assert later.counts["processed"] == 2
     assert delivered(log, cycle=1) == {"j": [1, 2]}
+    assert {line["id"]: line["move_count"] for line in read_lines(log) if line["cycle"] == 1} == {"j1": 2, "j2": 2}
+
+
+def test_a_message_joining_its_conversation_further_down_reads_that_cycles_move_count(spark, make_declaration,
+                                                                                     tmp_path):
+    declaration = make_declaration(ordered_queue(max_retry_cycles=2))
+    log = tmp_path / "deliveries.jsonl"
+    put(declaration, [msg("j1", "j", 1, log, fail_until_cycle=2)])
+    run_cycle(spark, declaration, "q", "inbound")
+    run_cycle(spark, declaration, "q", "retry_1")
+
+    put(declaration, [msg("j2", "j", 2, log)])
+    run_cycle(spark, declaration, "q", "inbound")
+
+    # j2 skipped retry_1, yet it waits in retry_2 as its conversation does: three moves so far.
+    joined = {r["message_id"]: r["move_count"] for r in rows(declaration, "retry_2")}
+    assert joined == {"j1": 3, "j2": 3}
+    run_cycle(spark, declaration, "q", "retry_2")
+    read = [(line["id"], line["cycle"], line["move_count"]) for line in read_lines(log)]
+    assert read == [("j1", 0, 0), ("j1", 1, 2), ("j1", 2, 4), ("j2", 2, 4)]
 
 
 def test_end_conversation_ends_it_with_an_error_everywhere_and_for_good(

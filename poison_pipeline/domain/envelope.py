@@ -56,6 +56,8 @@ class Message:
     envelope: Envelope
     queue: str
     abort_count: int
+    # Moves as MSMQ counts them, one to a subqueue and one back from a retry subqueue (routing.py):
+    # 2k in retry cycle k, so WCF's cycle is move_count // 2; odd in the poison queue.
     move_count: int
     cycle: int
     attempt: int

@@ -83,6 +83,23 @@ def cycle_number(table: str, policy: Policy) -> int:
     return policy.max_retry_cycles + 1 if table == POISON else cycle_of(table)
 
 
+# The move count as MSMQ counts it (SPEC section 3): one when a message goes to a retry subqueue or
+# the poison queue, one when it comes back from a retry subqueue for its retry. A row stores the
+# moves made so far; a retry subqueue's message comes back when its cycle takes it, so its handler
+# reads one more than its row, and the handler of retry cycle k reads 2k, from which WCF derives k.
+def moves_back(table: str) -> int:
+    """The move a cycle of `table` makes when it takes a message: one back to the application
+    queue from a retry subqueue; none from the inbound or the poison queue, read in place."""
+    return 1 if table.startswith("retry_") else 0
+
+
+def entering_move_count(table: str) -> int | None:
+    """The move count of a message entering `table`, when the table alone decides it: 2k - 1 in
+    retry subqueue k (k moves there, k - 1 back), however the message came, so that every handler
+    of cycle k reads 2k. None elsewhere: entering the poison queue adds one to the message's count."""
+    return 2 * cycle_of(table) - 1 if table.startswith("retry_") else None
+
+
 def _final(handling: ReceiveErrorHandling, expired: bool) -> Route:
     if handling is ReceiveErrorHandling.FAULT:
         return Route(STAY, Disposition.FAULTED, "faulted")

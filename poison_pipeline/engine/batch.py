@@ -23,6 +23,7 @@ from poison_pipeline.domain.routing import (
     Outcome,
     Route,
     cycle_number,
+    moves_back,
     route_before_delivery,
     route_held,
     route_joined,
@@ -157,6 +158,7 @@ class Processor:
         self.attempts = spec.attempts_per_cycle
         self.timeout = spec.timeout_seconds
         self.cycle = spec.cycle
+        self.moves_back = moves_back(spec.table)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         self.marker = Marker(self.spec.inflight) if self.spec.inflight else None
@@ -174,7 +176,7 @@ class Processor:
     def process(self, batch: pa.RecordBatch) -> Changes:
         spec = self.spec
         rows = _Rows(batch, spec.now)
-        changes = Changes(batch.num_rows, self.waiting, spec.now, spec.policy.retry_cycle_delay)
+        changes = Changes(batch.num_rows, spec.table, self.waiting, spec.now, spec.policy.retry_cycle_delay)
         deliverable: list[int] = []
         for i in range(batch.num_rows):
             early = self._early(rows, i)
@@ -224,7 +226,7 @@ class Processor:
 
     def _message(self, rows: _Rows, i: int, envelope: Envelope, attempt: int) -> Message:
         return Message(envelope, self.spec.queue, rows.columns["abort_count"][i] + attempt - 1,
-                       rows.columns["move_count"][i], self.cycle, attempt)
+                       rows.columns["move_count"][i] + self.moves_back, self.cycle, attempt)
 
     def _deliver_one(self, rows: _Rows, i: int, changes: Changes) -> None:
         handler = self.handler

@@ -13,7 +13,15 @@ import pyarrow.compute as pc
 
 from poison_pipeline.domain.envelope import Outgoing
 from poison_pipeline.domain.errors import ErrorInfo
-from poison_pipeline.domain.routing import OUTAGE, POISON, PROCESSED, STAY, Route
+from poison_pipeline.domain.routing import (
+    OUTAGE,
+    POISON,
+    PROCESSED,
+    STAY,
+    Route,
+    entering_move_count,
+    moves_back,
+)
 from poison_pipeline.engine.delivery import AttemptRecord, Delivery
 from poison_pipeline.storage import schemas
 
@@ -32,8 +40,13 @@ class Changes:
     """What a cycle does to each message of one Arrow batch, set per row (in any order: a batch
     handler's group is settled after the early routes of rows that come after it)."""
 
-    def __init__(self, rows: int, waiting: frozenset[str], now: datetime, delay: timedelta) -> None:
-        self.waiting = waiting
+    def __init__(self, rows: int, table: str, waiting: frozenset[str], now: datetime, delay: timedelta) -> None:
+        self.table = table
+        self.waiting = pa.array(sorted(waiting), pa.string())
+        # The retry subqueues among them, and the move count a message entering each has.
+        retries = sorted(t for t in waiting if entering_move_count(t) is not None)
+        self.retries = pa.array(retries, pa.string())
+        self.entering = pa.array([entering_move_count(t) for t in retries], pa.int32())
         self.now = now
         self.delay = delay
         self.routes: list[Route | None] = [None] * rows
@@ -68,15 +81,15 @@ class Changes:
         routes = [r for r in self.routes if r is not None]
         assert len(routes) == batch.num_rows, "every message of the batch has a route"
         flat = self._flatten()
-        destinations = [r.destination for r in routes]
+        destinations = pa.array([r.destination for r in routes], pa.string())
         # A move between queues: MSMQ counts it and starts the abort count afresh.
-        moved = pa.array([d in self.waiting for d in destinations])
-        processed = pa.array([d == PROCESSED for d in destinations])
+        moved = pc.is_in(destinations, value_set=self.waiting)
+        processed = pc.equal(destinations, PROCESSED)
         failures = pa.array(flat.failures, pa.int32())
         columns = {
             "abort_count": pc.if_else(moved, 0, pc.add(batch.column("abort_count"), failures)),
             "total_abort_count": pc.add(batch.column("total_abort_count"), failures),
-            "move_count": pc.add(batch.column("move_count"), pc.cast(moved, pa.int32())),
+            "move_count": self._move_counts(batch.column("move_count"), destinations, moved),
             "entered_at": pc.if_else(moved, pa.scalar(self.now, schemas.TS), batch.column("entered_at")),
             "due_at": pc.coalesce(pa.array(self.due, schemas.TS), batch.column("due_at")),
             "batch_id": pc.if_else(processed, batch.column("batch_id"), pa.scalar(out_batch)),
@@ -84,7 +97,7 @@ class Changes:
         for name, attribute in _ERROR_COLUMNS.items():
             new = pa.array([getattr(e, attribute) if e is not None else None for e in flat.errors], pa.string())
             columns[name] = pc.coalesce(new, batch.column(name))
-        columns["destination"] = pa.array(destinations, pa.string())
+        columns["destination"] = destinations
         columns["disposition"] = pa.array([r.disposition.value for r in routes], pa.string())
         columns["reason"] = pa.array([r.reason for r in routes], pa.string())
         columns["attempts"] = _attempts(flat.attempts, flat.attempt_offsets)
@@ -96,6 +109,18 @@ class Changes:
                 array = pc.if_else(processed, pa.scalar(None, f.type), array)
             arrays.append(array)
         return pa.RecordBatch.from_arrays(arrays, schema=schemas.RESULT)
+
+    def _move_counts(self, stored: pa.Array, destinations: pa.Array, moved: pa.Array) -> pa.Array:
+        """Each message's move count after the cycle, as MSMQ counts it (SPEC section 3)."""
+        # Taken from a retry subqueue, a message came back to the application queue (its handler
+        # read that count), unless it stays there: then it never left, and its next cycle counts it.
+        back = pc.if_else(pc.equal(destinations, STAY), stored,
+                          pc.add(stored, pa.scalar(moves_back(self.table), pa.int32())))
+        counted = pc.add(back, pc.cast(moved, pa.int32()))
+        # A message joining its conversation in a later retry subqueue skips the cycles between:
+        # it takes the count every message there has, so its handler too reads 2k in cycle k.
+        entering = pc.take(self.entering, pc.index_in(destinations, value_set=self.retries))
+        return pc.coalesce(entering, counted)
 
     def _flatten(self) -> _Flat:
         flat = _Flat()
