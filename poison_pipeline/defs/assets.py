@@ -54,6 +54,7 @@ def cycle_metadata(report: CycleReport) -> dict[str, Any]:
     metadata["cycle_seq"] = MetadataValue.int(report.seq)
     metadata["recovered_staged_cycle"] = MetadataValue.bool(report.recovered is not None)
     metadata["skipped"] = MetadataValue.text(report.skipped or "")
+    metadata["cleanup_hook_failures"] = MetadataValue.int(len(report.cleanup_failures))
     return metadata
 
 
@@ -75,6 +76,10 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
             context.log.warning(f"{queue}/{table}: processed nothing: {report.skipped}")
         else:
             context.log.info(f"{queue}/{table}: cycle {report.seq}: {report.counts}")
+        for unfinished in report.cleanup_failures:
+            context.log.warning(f"{queue}: the clean-up hook of ended conversation {unfinished.conversation_id!r} "
+                                f"has not succeeded ({unfinished.failures} failed tries; retried every cycle): "
+                                f"{unfinished.last_error}")
         return MaterializeResult(metadata=cycle_metadata(report))
 
     return cycle

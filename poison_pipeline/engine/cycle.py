@@ -19,7 +19,12 @@ from poison_pipeline.engine.dedup import find_duplicates
 from poison_pipeline.engine.ordering import blocked_conversations, in_conversation_order
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
-from poison_pipeline.storage.conversations import ended_conversations
+from poison_pipeline.storage.conversations import (
+    UnfinishedCleanup,
+    ended_conversations,
+    retry_cleanups,
+    unfinished_cleanups,
+)
 from poison_pipeline.storage.inflight import culprits
 from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.lease import Holder, Lease
@@ -38,6 +43,8 @@ class CycleReport:
     duration_s: float = 0.0
     oldest_age_s: float | None = None
     worker_deaths: int = 0
+    # Ended conversations whose clean-up hook still fails after this cycle retried it.
+    cleanup_failures: list[UnfinishedCleanup] = field(default_factory=list)
 
 
 def _journal(tables: QueueTables, table: str) -> str:
@@ -110,7 +117,9 @@ def run_cycle(
         raise ValueError(f"{table!r} is not a waiting table of {queue!r}: {', '.join(tables.waiting)}")
     tables.ensure()
     with tables.lease(f"{table} cycle", run_id, on_wait) as lease:
-        return _run_held(spark, declaration, tables, table, now, run_id, lease)
+        report = _run_held(spark, declaration, tables, table, now, run_id, lease)
+        report.cleanup_failures = unfinished_cleanups(declaration, tables)
+        return report
 
 
 def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables, table: str,
@@ -134,6 +143,7 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
         report.skipped = f"queue {queue!r} is disabled: {state.reason}"
         return report
     now = now or datetime.now(UTC)
+    retry_cleanups(declaration, tables, now)
     stats = tables.stats(table, now)
     if stats.oldest is not None:
         report.oldest_age_s = (now - stats.oldest).total_seconds()

@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.storage.control import queue_state
+from poison_pipeline.storage.conversations import UnfinishedCleanup, unfinished_cleanups
 from poison_pipeline.storage.tables import ATTEMPTS, CONVERSATIONS, QueueTables
 
 WAITING = "waiting"
@@ -57,6 +58,8 @@ class QueueStatus:
     tables: tuple[TableStatus, ...]
     # Conversations ended with an error (`end-conversation`), from the Delta log's row count.
     ended_conversations: int = 0
+    # Ended conversations whose clean-up hook has not succeeded yet (each cycle retries them).
+    unfinished_cleanups: tuple[UnfinishedCleanup, ...] = ()
 
     def table(self, name: str) -> TableStatus:
         for status in self.tables:
@@ -76,7 +79,7 @@ def queue_status(declaration: Declaration, queue: str, now: datetime) -> QueueSt
     ]
     ended = tables.stats(CONVERSATIONS, now).rows if tables.exists(CONVERSATIONS) else 0
     return QueueStatus(queue, now, state.enabled, state.reason, state.actor, state.since, tuple(statuses),
-                       ended)
+                       ended, tuple(unfinished_cleanups(declaration, tables)))
 
 
 def _age(now: datetime, oldest: datetime | None) -> float | None:
@@ -221,5 +224,11 @@ def format_status(statuses: Sequence[QueueStatus]) -> str:
 def _ended_line(status: QueueStatus) -> list[str]:
     if not status.ended_conversations:
         return []
-    return [f"  conversations ended with an error: {status.ended_conversations}"
-            " (their messages are in dead_letter, reason conversation_ended)"]
+    lines = [f"  conversations ended with an error: {status.ended_conversations}"
+             " (their messages are in dead_letter, reason conversation_ended)"]
+    if status.unfinished_cleanups:
+        lines.append(f"  CLEAN-UP HOOK FAILING for {len(status.unfinished_cleanups)} ended conversation(s), "
+                     "retried every cycle (or run end-conversation again):")
+        lines += [f"    {u.conversation_id!r}: {u.failures} failed tries; last: {u.last_error}"
+                  for u in status.unfinished_cleanups]
+    return lines

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -329,7 +330,7 @@ def _clean_up(tables: QueueTables, hook: str | None, record: EndRecord, actor: s
     """Run the clean-up hook unless it already ran: (ran now, ran before, error)."""
     if hook is None:
         return False, False, None
-    event_id = _id("evt", CONVERSATION_CLEANUP, tables.queue, record.conversation_id)
+    event_id = _cleanup_id(tables, record.conversation_id)
     if _has_event(tables, event_id):
         return False, True, None
     try:
@@ -341,9 +342,62 @@ def _clean_up(tables: QueueTables, hook: str | None, record: EndRecord, actor: s
         problem += f": {error}"
         row = event_row(CONVERSATION_CLEANUP_FAILED, now, actor,
                         f"clean-up hook {hook} failed for conversation {record.conversation_id!r}: {problem}")
+        # One failure event per try, all named after the conversation so the last error can be found.
+        row["event_id"] = f"{_failed_cleanup_prefix(tables, record.conversation_id)}{uuid.uuid4().hex}"
         tables.append(EVENTS, pa.Table.from_pylist([row], schema=schemas.EVENTS))
         return False, False, problem
     _event_once(tables, event_id, CONVERSATION_CLEANUP, now, actor,
                 f"clean-up hook {hook} ran for conversation {record.conversation_id!r}")
     return True, False, None
 
+
+
+def _cleanup_id(tables: QueueTables, conversation_id: str) -> str:
+    return _id("evt", CONVERSATION_CLEANUP, tables.queue, conversation_id)
+
+
+def _failed_cleanup_prefix(tables: QueueTables, conversation_id: str) -> str:
+    return _id("evt", CONVERSATION_CLEANUP_FAILED, tables.queue, conversation_id) + "-"
+
+
+@dataclass(frozen=True)
+class UnfinishedCleanup:
+    """An ended conversation whose clean-up hook has not run through yet, and its last error."""
+
+    conversation_id: str
+    last_error: str | None
+    failures: int
+
+
+def unfinished_cleanups(declaration: Declaration, tables: QueueTables) -> list[UnfinishedCleanup]:
+    """The conversations ended in this queue whose declared clean-up hook has not succeeded yet."""
+    if declaration.queue(tables.queue).on_conversation_end is None or not tables.exists(CONVERSATIONS):
+        return []
+    ended = sorted(ended_conversations(tables))
+    if not ended:
+        return []
+    events = tables.open(EVENTS).to_pyarrow_dataset().to_table(
+        columns=["event_id", "at", "reason"],
+        filter=pads.field("kind").isin([CONVERSATION_CLEANUP, CONVERSATION_CLEANUP_FAILED]))
+    ids = events["event_id"].to_pylist()
+    done = set(ids)
+    unfinished = []
+    for conversation_id in ended:
+        if _cleanup_id(tables, conversation_id) in done:
+            continue
+        prefix = _failed_cleanup_prefix(tables, conversation_id)
+        failed = events.filter(pc.starts_with(events["event_id"], prefix)).sort_by([("at", "descending")])
+        last = failed["reason"][0].as_py() if failed.num_rows else None
+        unfinished.append(UnfinishedCleanup(conversation_id, last, failed.num_rows))
+    return unfinished
+
+
+def retry_cleanups(declaration: Declaration, tables: QueueTables, now: datetime) -> None:
+    """Run the clean-up hook again for every ended conversation whose hook has not succeeded yet
+    (hooks are documented as safe to repeat); a failure is recorded again and retried next time."""
+    hook = declaration.queue(tables.queue).on_conversation_end
+    pending = {u.conversation_id for u in unfinished_cleanups(declaration, tables)}
+    for conversation_id in sorted(pending):
+        record = _recorded(tables, conversation_id)
+        if record is not None:
+            _clean_up(tables, hook, record, "poison_pipeline", now)
