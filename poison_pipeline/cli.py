@@ -28,7 +28,7 @@ from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.domain.policy import Policy
 from poison_pipeline.ops.inspect import format_inspection, inspect_message
 from poison_pipeline.ops.status import format_status, format_time, queue_status
-from poison_pipeline.storage.control import queue_state, set_enabled
+from poison_pipeline.storage.control import StateNotRecorded, queue_state, set_enabled
 from poison_pipeline.storage.conversations import (
     CONVERSATION_ENDED,
     EndResult,
@@ -413,6 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LeaseHeld as error:
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BUSY
+    except StateNotRecorded as error:
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_INCOMPLETE
     except BrokenPipeError:
         # The reader went away (`| head`): nothing is wrong, and nothing more can be printed.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

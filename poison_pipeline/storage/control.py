@@ -93,7 +93,8 @@ def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str, run
     already in that state. Reads the state back and raises StateNotRecorded if it does not show it."""
     tables.ensure()
     kind = QUEUE_ENABLED if enabled else QUEUE_DISABLED
-    with tables.lease("enable" if enabled else "disable", run_id):
+    action = "enable" if enabled else "disable"
+    with tables.lease(action, run_id):
         for _ in range(5):
             if queue_state(tables).enabled == enabled:
                 return False
@@ -104,7 +105,7 @@ def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str, run
             except CommitFailedError:
                 continue  # another toggle committed from the same state: decide again on the newer one
             if queue_state(tables).enabled != enabled:
-                raise StateNotRecorded(f"queue {tables.queue!r}: {kind} was committed but the queue still "
-                                       f"reads {'disabled' if enabled else 'enabled'}")
+                raise StateNotRecorded(f"queue {tables.queue!r}: the {action} was committed but the queue still "
+                                       f"reads {'disabled' if enabled else 'enabled'}; run `status` and try again")
             return True
-    raise StateNotRecorded(f"queue {tables.queue!r}: {kind} kept conflicting with other commits; try again")
+    raise StateNotRecorded(f"queue {tables.queue!r}: the {action} kept conflicting with other commits; try again")
