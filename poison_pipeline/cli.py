@@ -263,6 +263,9 @@ def _format_end(result: EndResult, code: int, description: str) -> str:
                      "the first end stands")
     moved = ", ".join(f"{table} {count}" for table, count in result.removed.items())
     lines.append(f"  moved to dead_letter (reason {CONVERSATION_ENDED}): {moved} ({result.removed_total} in all)")
+    if result.unsent:
+        senders = ", ".join(f"{queue} {count}" for queue, count in result.unsent.items())
+        lines.append(f"  not sent (pending sends on it, now in each sender's dead_letter): {senders}")
     lines.append(f"  notified: {', '.join(result.notified)} (conversation_error)" if result.notified
                  else "  notified: nobody new (no sender known, or all told before)")
     if result.hook is None:
@@ -280,7 +283,9 @@ _EXIT_CODES = """exit codes:
   1  the command ran but not everything went through (refused lines, message or
      conversation not found, a clean-up hook failed, storage failure)
   2  usage or configuration error (unknown queue, missing file, invalid declaration,
-     invalid error code or description)"""
+     invalid error code or description)
+  3  the queue is busy: another run held its lease for longer than lease.wait
+     (the error names it: run id, host, pid, since when)"""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -114,6 +114,7 @@ def _transmission_asset(declaration: Declaration, queue: str, table: str, upstre
             "waiting": MetadataValue.int(result.waiting),
             "resent_conversations": MetadataValue.int(result.resent),
             "failed_conversations": MetadataValue.int(len(result.failures)),
+            "unsent_ended_conversation": MetadataValue.int(result.unsent),
         })
 
     return transmission

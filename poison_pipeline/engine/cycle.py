@@ -186,6 +186,7 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
         # What this cycle's handlers sent is offered to its targets in the same run.
         lease.check()
         sent = transmit(declaration, queue, now, run_id)
-        report.counts.update({"transmitted": sum(sent.delivered.values()), "conversation_errors": len(sent.failures)})
+        report.counts.update({"transmitted": sum(sent.delivered.values()), "conversation_errors": len(sent.failures),
+                              "unsent": sent.unsent})
     report.duration_s = time.perf_counter() - started
     return report

@@ -45,7 +45,7 @@ from poison_pipeline.domain.imports import import_callable
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import event_row
-from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
+from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, TRANSMISSION, QueueTables
 
 ENDED = "ended"
 # The dead-letter reason of the messages removed and the event kind of the end itself.
@@ -85,6 +85,9 @@ class EndResult:
     hook_ran: bool = False
     hook_ran_before: bool = False
     hook_error: str | None = None
+    # Messages still waiting to be sent on the conversation that this call deleted, per sending
+    # queue (this queue's own sends on it, and other queues' sends on it to this queue).
+    unsent: dict[str, int] = field(default_factory=dict)
 
     @property
     def removed_total(self) -> int:
@@ -123,11 +126,12 @@ def _end_held(declaration: Declaration, tables: QueueTables, conversation_id: st
     _event_once(tables, _id("evt", CONVERSATION_ENDED, queue, conversation_id), CONVERSATION_ENDED,
                 record.at, record.actor, _ended_reason(record))
     removed = {table: _move_to_dead_letter(tables, table, conversation_id, now) for table in tables.waiting}
-    notified = _notify_senders(tables, record, now)
+    unsent = _drop_pending_sends(declaration, tables, conversation_id, now)
+    notified = _notify_senders(declaration, tables, record, now)
     hook = declaration.queue(queue).on_conversation_end
     ran, ran_before, error = _clean_up(tables, hook, record, actor, now)
     return EndResult(queue, conversation_id, already, record.code, record.description, record.actor,
-                     record.at, removed, notified, hook, ran, ran_before, error)
+                     record.at, removed, notified, hook, ran, ran_before, error, unsent)
 
 
 def check_end_request(declaration: Declaration, queue: str, conversation_id: str, code: int,
@@ -242,8 +246,16 @@ def _has_event(tables: QueueTables, event_id: str) -> bool:
 
 
 def _as_dead_letter(rows: pa.Table, from_table: str, now: datetime) -> pa.Table:
+    if from_table == TRANSMISSION:
+        return unsent_as_dead_letter(rows, CONVERSATION_ENDED, now)
     return schemas.project(rows, schemas.DEAD_LETTER, reason=CONVERSATION_ENDED, from_table=from_table,
                            dead_lettered_at=now)
+
+
+def unsent_as_dead_letter(sent: pa.Table, reason: str, now: datetime) -> pa.Table:
+    """Messages of a transmission table that will never be sent, as the sender's dead-letter rows."""
+    return schemas.project(sent, schemas.DEAD_LETTER, **schemas.FRESH, due_at=now, entered_at=now, reason=reason,
+                           from_table=TRANSMISSION, dead_lettered_at=now)
 
 
 def _already_moved(tables: QueueTables, conversation_id: str, from_table: str) -> set[tuple[str, str | None]]:
@@ -259,11 +271,16 @@ def _already_moved(tables: QueueTables, conversation_id: str, from_table: str) -
     return set(zip(rows["message_id"].to_pylist(), rows["batch_id"].to_pylist(), strict=True))
 
 
-def _move_to_dead_letter(tables: QueueTables, table: str, conversation_id: str, now: datetime) -> int:
-    """Append the conversation's messages waiting in `table` to dead_letter, then remove them there."""
+def _move_to_dead_letter(tables: QueueTables, table: str, conversation_id: str, now: datetime,
+                         within: pads.Expression | None = None) -> int:
+    """Append the conversation's messages waiting in `table` (those matching `within`, if given) to
+    dead_letter, then remove them there."""
     source = tables.open(table)
     version = source.version()
-    rows = source.to_pyarrow_dataset().to_table(filter=pads.field("conversation_id") == conversation_id)
+    match = pads.field("conversation_id") == conversation_id
+    if within is not None:
+        match = match & within
+    rows = source.to_pyarrow_dataset().to_table(filter=match)
     if rows.num_rows == 0:
         return 0
     app_id = _app_id(tables, "end", conversation_id, table)
@@ -279,31 +296,62 @@ def _move_to_dead_letter(tables: QueueTables, table: str, conversation_id: str, 
             pending = rows.filter(pa.array([key not in moved for key in keys], pa.bool_()))
         if pending.num_rows:
             tables.append(DEAD_LETTER, _as_dead_letter(pending, table, now), app_id=app_id, version=version)
-    _delete_moved(tables, table, source, conversation_id, rows["batch_id"].to_pylist())
+    # A null comparison (a message without a conversation) is kept.
+    _delete_moved(tables, table, source, ~match | match.is_null(), rows["batch_id"].to_pylist())
     return rows.num_rows
 
 
-def _delete_moved(tables: QueueTables, table: str, source: DeltaTable, conversation_id: str,
+def _delete_moved(tables: QueueTables, table: str, source: DeltaTable, keep: pads.Expression,
                   batch_ids: list[str | None]) -> None:
     # Only the batches that were read: a message of this conversation enqueued meanwhile is in a new
     # batch, was not appended to dead_letter, and must stay until the next call. The snapshot they
     # were read from makes a cycle that took those batches meanwhile fail this commit loudly.
-    other = (pads.field("conversation_id") != conversation_id) | pads.field("conversation_id").is_null()
-    tables.replace_batches(table, batch_ids, keep=other, snapshot=source)
+    tables.replace_batches(table, batch_ids, keep=keep, snapshot=source)
 
 
-def _notify_senders(tables: QueueTables, record: EndRecord, now: datetime) -> tuple[str, ...]:
-    """One conversation_error notification per sender of a message the end removed."""
+def _drop_pending_sends(declaration: Declaration, tables: QueueTables, conversation_id: str,
+                        now: datetime) -> dict[str, int]:
+    """Delete the messages still waiting to be sent on the conversation, as Service Broker deletes them
+    from sys.transmission_queue when a conversation ends: this queue's own sends on it, and other
+    queues' sends on it to this queue. Each sender finds them in its dead_letter (reason
+    conversation_ended, from_table transmission); another queue's table is changed under its lease."""
+    unsent = {}
+    for sender in declaration.queues:
+        own = sender == tables.queue
+        sender_tables = tables if own else QueueTables.of(declaration, sender)
+        if not sender_tables.exists(TRANSMISSION) or not _any_row(sender_tables.open(TRANSMISSION), conversation_id):
+            continue
+        within = None if own else pads.field("target_queue") == tables.queue
+        with sender_tables.lease("end-conversation"):
+            count = _move_to_dead_letter(sender_tables, TRANSMISSION, conversation_id, now, within)
+        if count:
+            unsent[sender] = count
+    return unsent
+
+
+def _ended_rows(conversation_id: str) -> pads.Expression:
+    return (pads.field("conversation_id") == conversation_id) & (pads.field("reason") == CONVERSATION_ENDED)
+
+
+def _left_unsent(sender: QueueTables, ended: pads.Expression) -> bool:
+    if not sender.exists(DEAD_LETTER):
+        return False
+    unsent = ended & (pads.field("from_table") == TRANSMISSION)
+    return bool(sender.open(DEAD_LETTER).to_pyarrow_dataset().head(1, columns=["message_id"], filter=unsent).num_rows)
+
+
+def _notify_senders(declaration: Declaration, tables: QueueTables, record: EndRecord,
+                    now: datetime) -> tuple[str, ...]:
+    """One conversation_error notification per sender of a message the end removed or left unsent."""
     dead_letter = tables.open(DEAD_LETTER)
     # Senders come from dead_letter, not from this call's moves: after a crash that followed the
     # moves, the messages are no longer in the waiting tables but their senders still need telling.
-    rows = dead_letter.to_pyarrow_dataset().to_table(
-        columns=["sender"],
-        filter=(pads.field("conversation_id") == record.conversation_id)
-        & (pads.field("reason") == CONVERSATION_ENDED)
-        & pads.field("sender").is_valid(),
-    )
-    senders = sorted(set(rows["sender"].to_pylist()))
+    ended = _ended_rows(record.conversation_id)
+    rows = dead_letter.to_pyarrow_dataset().to_table(columns=["sender"], filter=ended & pads.field("sender").is_valid())
+    # And other queues whose sends on the conversation were deleted unsent, found in their own dead_letter.
+    unsent = [q for q in declaration.queues
+              if q != tables.queue and _left_unsent(QueueTables.of(declaration, q), ended)]
+    senders = sorted(set(rows["sender"].to_pylist()) | set(unsent))
     if not senders:
         return ()
     ids = {s: _id("ntf", CONVERSATION_ERROR, tables.queue, record.conversation_id, s) for s in senders}

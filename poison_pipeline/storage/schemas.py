@@ -166,6 +166,11 @@ RESULT = pa.schema(
 PARTITIONS: dict[str, list[str]] = {"processed": ["date"], "attempts": ["date"]}
 
 
+# The counts and error columns of a message that enters a queue for the first time (a sent message).
+FRESH: dict[str, object] = {"abort_count": 0, "total_abort_count": 0, "move_count": 0, "last_error_type": None,
+                            "last_error_message": None, "last_error_stack": None, "last_error_signature": None}
+
+
 def project(rows: pa.Table, schema: pa.Schema, **constants: object) -> pa.Table:
     """`rows` as a table of `schema`: named columns filled with constants, the rest taken from rows."""
     columns = []

@@ -36,7 +36,12 @@ from poison_pipeline.domain.policy import OnUndefinedError
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
-from poison_pipeline.storage.conversations import end_conversation
+from poison_pipeline.storage.conversations import (
+    CONVERSATION_ENDED,
+    end_conversation,
+    ended_conversations,
+    unsent_as_dead_letter,
+)
 from poison_pipeline.storage.tables import NOTIFICATIONS, TRANSMISSION, QueueTables
 
 LIFETIME_EXPIRED = -8489
@@ -62,6 +67,8 @@ class TransmitResult:
     delivered: dict[str, int] = field(default_factory=dict)
     waiting: int = 0
     failures: list[ConversationFailure] = field(default_factory=list)
+    # Messages not sent because their conversation had ended (to this queue's dead_letter).
+    unsent: int = 0
 
     @property
     def resent(self) -> int:
@@ -115,21 +122,15 @@ def _resent(rows: list[dict], now: datetime, contract: str | None) -> tuple[str,
     return conversation, out
 
 
-# A sent message enters its target's inbound (or the sender's dead_letter) as a new arrival.
-_FRESH: dict[str, object] = {"abort_count": 0, "total_abort_count": 0, "move_count": 0, "last_error_type": None,
-                             "last_error_message": None, "last_error_stack": None, "last_error_signature": None}
-
-
 def _inbound_rows(rows: list[dict], batch_id: str, now: datetime) -> pa.Table:
+    # A sent message enters its target's inbound as a new arrival.
     sent = pa.Table.from_pylist(rows, schema=schemas.TRANSMISSION)
-    return schemas.project(sent, schemas.MESSAGE, **_FRESH, enqueued_at=now, due_at=now, entered_at=now,
+    return schemas.project(sent, schemas.MESSAGE, **schemas.FRESH, enqueued_at=now, due_at=now, entered_at=now,
                            batch_id=batch_id)
 
 
-def _dead_rows(rows: list[dict], code: int, now: datetime) -> pa.Table:
-    sent = pa.Table.from_pylist(rows, schema=schemas.TRANSMISSION)
-    return schemas.project(sent, schemas.DEAD_LETTER, **_FRESH, due_at=now, entered_at=now,
-                           reason=f"conversation_error {code}", from_table=TRANSMISSION, dead_lettered_at=now)
+def _dead_rows(rows: list[dict], reason: str, now: datetime) -> pa.Table:
+    return unsent_as_dead_letter(pa.Table.from_pylist(rows, schema=schemas.TRANSMISSION), reason, now)
 
 
 def transmit(declaration: Declaration, queue: str, now: datetime | None = None,
@@ -163,7 +164,14 @@ def _transmit_held(declaration: Declaration, tables: QueueTables, now: datetime)
     resent: list[dict] = []
     leaving: set[str] = set()
     notes: list[dict] = []
+    ended = _ended_conversations(declaration, queue, {target for target, _ in groups})
     for (target, conversation), rows in groups.items():
+        if conversation in ended[queue] or conversation in ended.get(target, ()):
+            # Sent on a conversation that has ended since: Service Broker deletes such messages.
+            dead.append(_dead_rows(rows, CONVERSATION_ENDED, now))
+            leaving.update(r["message_id"] for r in rows)
+            result.unsent += len(rows)
+            continue
         failure = _failure(declaration, target, rows, now)
         if failure is None:
             if not queue_state(QueueTables.of(declaration, target)).enabled:
@@ -185,7 +193,7 @@ def _transmit_held(declaration: Declaration, tables: QueueTables, now: datetime)
             result.failures.append(ConversationFailure(conversation, target, code, description, "resent",
                                                        new_conversation))
         else:
-            dead.append(_dead_rows(rows, code, now))
+            dead.append(_dead_rows(rows, f"conversation_error {code}", now))
             result.failures.append(ConversationFailure(conversation, target, code, description, "dead_lettered"))
 
     for target, rows in accepted.items():
@@ -210,6 +218,12 @@ def _transmit_held(declaration: Declaration, tables: QueueTables, now: datetime)
         end_conversation(declaration, queue, failure.conversation_id, failure.code, failure.description,
                          actor="poison_pipeline")
     return result
+
+
+def _ended_conversations(declaration: Declaration, queue: str, targets: set[str]) -> dict[str, set[str]]:
+    """The conversations ended in the sending queue and in each declared target."""
+    names = {queue, *(t for t in targets if t in declaration.queues)}
+    return {name: set(ended_conversations(QueueTables.of(declaration, name))) for name in names}
 
 
 def pending_count(tables: QueueTables) -> int:
