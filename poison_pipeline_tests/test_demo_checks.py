@@ -68,6 +68,9 @@ def test_handled_out_of_order_reads_first_attempts() -> None:
     swapped = [{"message_id": "a2", "started_at": at[0]}, {"message_id": "a1", "started_at": at[1]},
                {"message_id": "a2", "started_at": at[2]}, {"message_id": "b1", "started_at": at[3]}]
     assert handled_out_of_order(swapped, records) == {"a"}
+    # The order attempted and the profile never: out of order. The tail never attempted: in order.
+    skipped = [{"message_id": "a2", "started_at": at[0]}, {"message_id": "b1", "started_at": at[1]}]
+    assert handled_out_of_order(skipped, records) == {"a"}
 
 
 def test_hook_calls_counts_lines_per_conversation(tmp_path: Path) -> None:

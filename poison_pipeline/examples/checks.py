@@ -66,9 +66,11 @@ def came_out_of_order(records: Iterable[Mapping[str, Any]]) -> set[str]:
 
 
 def handled_out_of_order(attempts: Iterable[Mapping[str, Any]], records: Iterable[Mapping[str, Any]]) -> set[str]:
-    """Conversations whose messages were first attempted out of sequence order: `attempts` are rows of
+    """Conversations whose messages were not first attempted in sequence order: `attempts` are rows of
     the attempts table (message_id, started_at), `records` the messages sent (message_id,
-    conversation_id, sequence_number). A message never attempted breaks no order."""
+    conversation_id, sequence_number). A message attempted while one before it in its conversation
+    never was, or was only later, is out of order; messages never attempted after the last one that
+    was (a conversation ended early) are not."""
     of = {r["message_id"]: (r["conversation_id"], r["sequence_number"]) for r in records
           if r.get("conversation_id") is not None and r.get("sequence_number") is not None}
     first: dict[str, Any] = {}
@@ -76,12 +78,21 @@ def handled_out_of_order(attempts: Iterable[Mapping[str, Any]], records: Iterabl
         message = attempt["message_id"]
         if message in of and (message not in first or attempt["started_at"] < first[message]):
             first[message] = attempt["started_at"]
-    by_conversation: dict[str, list[tuple[Any, int]]] = {}
-    for message, started in first.items():
-        conversation, sequence = of[message]
-        by_conversation.setdefault(conversation, []).append((started, sequence))
-    return {c for c, handled in by_conversation.items()
-            if [s for _, s in sorted(handled)] != sorted(s for _, s in handled)}
+    by_conversation: dict[str, list[tuple[int, Any]]] = {}
+    for message, (conversation, sequence) in of.items():
+        by_conversation.setdefault(conversation, []).append((sequence, first.get(message)))
+    jumbled = set()
+    for conversation, messages in by_conversation.items():
+        latest, gap = None, False
+        for _, started in sorted(messages, key=lambda m: m[0]):
+            if started is None:
+                gap = True
+                continue
+            if gap or (latest is not None and started < latest):
+                jumbled.add(conversation)
+                break
+            latest = started
+    return jumbled
 
 
 def hook_calls(log: Path) -> Counter[str]:

@@ -140,7 +140,7 @@ def outage(declaration: Declaration, driver: Driver, received: Counter[str]) -> 
               if a["message_id"].startswith(prefix)]
     outage_attempts = sum(1 for a in during if a["outcome"] == "outage")
     checks.claim(f"  {outage_attempts} attempts failed during the outage (at least {threshold} in a row), "
-                 f"none otherwise", outage_attempts >= threshold and len(during) == outage_attempts,
+                 f"none otherwise", outage_attempts >= max(threshold, 1) and len(during) == outage_attempts,
                  f"{len(during) - outage_attempts} other attempt(s)")
     flag.unlink()
     print("the database is back: poison-pipeline enable inventory")
@@ -233,7 +233,7 @@ def resend(declaration: Declaration, driver: Driver, received: Counter[str], lif
     shipped = sorted(m for ids in sent.values() for m in ids if m not in recalled)
     received["shipping"] += total  # begin, the items and end of each shipment
     checks.claim(f"shipping took whole batches: {len(done)} processed, {len(poisoned)} poisoned and quarantined "
-                 f"({', '.join(p['message_id'] for p in poisoned)}: the recalled item, found by bisection), "
+                 f"({', '.join(p['message_id'] for p in poisoned) or 'none'}: the recalled item, found by bisection), "
                  f"of {total} sent", done == shipped and sorted(p["message_id"] for p in poisoned) == recalled,
                  f"expected {len(shipped)} processed and {recalled} quarantined")
     on = {r["message_id"]: r["conversation_id"] for r in arrived_rows + poisoned}
