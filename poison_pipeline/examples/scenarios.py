@@ -93,7 +93,7 @@ def conversations(declaration: Declaration, driver: Driver, received: Counter[st
     left = sorted(r["message_id"] for r in _waiting(declaration, "presentations", ["message_id", "conversation_id"])
                   if r["conversation_id"] == broken)
     expected_gone = [f"pres-003-slide-{n}" for n in (3, 4, 5)]
-    checks.claim(f"  its messages left every table, recorded in dead_letter: {', '.join(gone)}",
+    checks.claim(f"  its messages left every table, recorded in dead_letter: {', '.join(gone) or 'none'}",
                  gone == expected_gone and not left, f"dead-lettered {gone}, still waiting {left}")
     notes = [r for r in _rows(declaration, "presentations", NOTIFICATIONS) if r["kind"] == CONVERSATION_ERROR]
     for note in notes:
