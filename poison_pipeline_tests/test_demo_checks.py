@@ -17,6 +17,7 @@ from poison_pipeline.examples.checks import (
     wrongly_charged,
 )
 from poison_pipeline.examples.generate import account_messages
+from poison_pipeline.ops.conservation import Conservation
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -90,3 +91,13 @@ def test_wrongly_charged_finds_outage_attempts_counted_as_aborts() -> None:
     assert wrongly_charged(good, attempts) == []
     charged = [{"message_id": "m1", "total_abort_count": 1}, {"message_id": "m2", "total_abort_count": 2}]
     assert wrongly_charged(charged, attempts) == ["m1", "m2"]
+
+
+def test_the_conservation_line_shows_every_ledger_term_and_its_verdict() -> None:
+    balance = Conservation("q", waiting=1, poison=0, dead_letter=2, quarantined=0,
+                           ledger={"processed": 5, "ended": 3})
+    assert balance.accounted == 11
+    assert balance.line(received=11) == (
+        "q: in 11 = 5 processed + 0 dropped + 0 duplicate + 3 ended + 1 waiting + 0 poison + 2 dead-letter"
+        " + 0 quarantined (= 11)  OK")
+    assert balance.line(received=12).endswith("(= 11)  MISMATCH")
