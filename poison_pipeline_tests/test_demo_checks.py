@@ -14,6 +14,7 @@ from poison_pipeline.examples.checks import (
     counts_differ,
     handled_out_of_order,
     hook_calls,
+    resent_from,
     wrongly_charged,
 )
 from poison_pipeline.examples.generate import account_messages
@@ -101,3 +102,11 @@ def test_the_conservation_line_shows_every_ledger_term_and_its_verdict() -> None
         "q: in 11 = 5 processed + 0 dropped + 0 duplicate + 3 ended + 1 waiting + 0 poison + 2 dead-letter"
         " + 0 quarantined (= 11)  OK")
     assert balance.line(received=12).endswith("(= 11)  MISMATCH")
+
+
+def test_resent_from_names_the_original_conversation_of_a_resend_only() -> None:
+    assert resent_from("shipment-7~resend-1") == "shipment-7"
+    assert resent_from("shipment-7~resend-12") == "shipment-7"
+    assert resent_from("shipment-7") is None
+    assert resent_from("shipment-7~resend-0") is None
+    assert resent_from(None) is None
