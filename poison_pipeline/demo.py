@@ -65,16 +65,27 @@ def main(argv: list[str] | None = None) -> int:
             "resend": scenarios.resend(declaration, driver, received),
         }
     print(f"\nall done in {time.monotonic() - started:.0f}s\n")
-    ok = all(stories.values())
-    for story, passed in stories.items():
-        print(f"scenario {story}: {'OK' if passed else 'NOT AS EXPECTED'}")
+    for story, checks in stories.items():
+        verdict = f"OK ({checks.made} claims)" if checks.passed else (
+            f"NOT AS EXPECTED ({len(checks.failed)} of {checks.made} claims failed)")
+        print(f"scenario {story}: {verdict}")
+        for claim in checks.failed:
+            print(f"  MISMATCH: {claim}")
+    unbalanced = []
     for queue in declaration.queues:
         tables = QueueTables.of(declaration, queue)
         line = conservation(tables)
-        ok = ok and line.accounted == received[queue]
+        if line.accounted != received[queue]:
+            unbalanced.append(queue)
         counts = "  ".join(f"{t}={tables.open(t).count()}" for t in tables.all_tables if tables.exists(t))
         print(f"\n{queue}: {counts}\n  " + line.line(received=received[queue]))
-    return 0 if ok else 1
+    failed = [story for story, checks in stories.items() if not checks.passed]
+    if failed or unbalanced:
+        print(f"\nTHE DEMO FAILED: scenarios not as expected: {', '.join(failed) or 'none'}; "
+              f"conservation mismatch: {', '.join(unbalanced) or 'none'}")
+        return 1
+    print("\nevery check passed")
+    return 0
 
 
 if __name__ == "__main__":

@@ -51,9 +51,10 @@ def order_messages(count: int, now: datetime, rng: random.Random) -> list[dict[s
     return records
 
 
-def account_messages(users: int, rng: random.Random) -> list[dict[str, Any]]:
-    """Each user's conversation: create the profile, then place an order. Most orders arrive
-    before their profile: handled in order, they still succeed at their first attempt."""
+def account_messages(users: int, rng: random.Random, orders_first: float = 0.8) -> list[dict[str, Any]]:
+    """Each user's conversation: create the profile, then place an order. The messages come in a
+    random order, except that for a share `orders_first` of the users (drawn from `rng`) the order
+    comes before the profile: handled in order, those orders still succeed at their first attempt."""
     records = []
     for u in range(users):
         conversation = f"account-{u:05d}"
@@ -62,6 +63,14 @@ def account_messages(users: int, rng: random.Random) -> list[dict[str, Any]]:
                             "conversation_id": conversation, "sequence_number": sequence,
                             "sender": "signup-service", "body": {"user": f"user-{u:05d}"}})
     rng.shuffle(records)
+    slots: dict[str, list[int]] = {}
+    for position, record in enumerate(records):
+        slots.setdefault(record["conversation_id"], []).append(position)
+    for first, second in slots.values():
+        order_first = rng.random() < orders_first
+        a, b = records[first], records[second]
+        if (a["sequence_number"] == 2) != order_first:
+            records[first], records[second] = b, a
     return records
 
 

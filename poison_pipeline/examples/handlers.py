@@ -13,11 +13,14 @@
   whole batches; a recalled item fails its batch and is found by bisection.
 
 The "application database" the handlers and the clean-up hook use is a folder:
-$POISON_PIPELINE_APP_DB, or ./app_db.
+$POISON_PIPELINE_APP_DB, or ./app_db. A conversation id is free text: no path is built from it (a
+presentation's folder is named by a digest of it).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -88,23 +91,33 @@ def account_event(message: Message) -> None:
         raise ProfileMissing(f"user {user} has no profile yet")
 
 
+def presentation_folder(conversation_id: str) -> Path:
+    """Where the slides shown of a presentation are kept: named by a digest of the conversation id."""
+    return app_db() / "presentations" / hashlib.sha256(conversation_id.encode()).hexdigest()[:32]
+
+
+def hook_log() -> Path:
+    """One JSON line per call of the clean-up hook."""
+    return app_db() / "conversation_hook.log"
+
+
 def show_slide(message: Message) -> None:
     body = message.json()
     if body["media"] not in ("image/png", "image/jpeg", "video/mp4"):
         raise InvalidMediaFormat(f"slide {body['slide']}: media format {body['media']!r} is not supported")
-    shown = app_db() / "presentations" / str(message.conversation_id)
+    shown = presentation_folder(str(message.conversation_id))
     shown.mkdir(parents=True, exist_ok=True)
-    (shown / f"slide-{body['slide']}").touch()
+    (shown / f"slide-{int(body['slide'])}").touch()
 
 
 def forget_presentation(conversation_id: str, code: int, description: str, queue: str) -> None:
-    """Clean-up hook: drop what was kept of an ended presentation."""
-    shown = app_db() / "presentations" / conversation_id
-    for slide in shown.glob("slide-*"):
+    """Clean-up hook: drop what was kept of an ended presentation, and log the call."""
+    for slide in presentation_folder(conversation_id).glob("slide-*"):
         slide.unlink()
-    ended = app_db() / "ended"
-    ended.mkdir(parents=True, exist_ok=True)
-    (ended / conversation_id).write_text(f"{code} {description}\n")
+    line = json.dumps({"queue": queue, "conversation_id": conversation_id, "code": code})
+    hook_log().parent.mkdir(parents=True, exist_ok=True)
+    with hook_log().open("a", encoding="utf-8") as log:
+        log.write(line + "\n")
 
 
 def checkout(message: Message) -> None:

@@ -25,7 +25,10 @@ class Conservation:
         return self.waiting + self.poison + self.dead_letter + self.quarantined + sum(self.ledger.values())
 
     def line(self, received: int | None = None) -> str:
-        ledger = " + ".join(f"{self.ledger.get(k, 0)} {k}" for k in ("processed", "dropped", "duplicate"))
+        # The usual dispositions always, and any other the ledger holds: the terms add up to the total.
+        usual = ("processed", "dropped", "duplicate")
+        kinds = [*usual, *sorted((k for k in self.ledger if k not in usual), key=str)]
+        ledger = " + ".join(f"{self.ledger.get(k, 0)} {k}" for k in kinds)
         left = f"in {received}" if received is not None else "accounted"
         verdict = "" if received is None else ("  OK" if received == self.accounted else "  MISMATCH")
         return (
