@@ -140,7 +140,9 @@ def test_renewals_keep_a_long_holder_s_lease(tmp_path):
         time.sleep(2.0)  # more than three expiries of 600ms
         lease.check()
         assert isinstance(from_another_thread(tmp_path), LeaseHeld)
+        assert tables(tmp_path).lease_holder().run_id == "long"
     assert from_another_thread(tmp_path) is None
+    assert tables(tmp_path).lease_holder() is None
 
 
 # -- cycles, processes and commands ---------------------------------------------------------
@@ -196,6 +198,8 @@ def test_a_command_against_a_running_cycle_waits_then_fails_naming_it_and_works_
         err = capsys.readouterr().err
         assert code == cli.EXIT_BUSY
         assert "run busy-cycle (inbound cycle)" in err and f"pid {os.getpid()}" in err
+        assert cli.main(["--config", str(config), "status"]) == cli.EXIT_OK
+        assert "busy: lease held by run busy-cycle (inbound cycle)" in capsys.readouterr().out
     finally:
         gate.unlink()
         cycle.join()

@@ -21,6 +21,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.conversations import UnfinishedCleanup, unfinished_cleanups
+from poison_pipeline.storage.lease import Holder
 from poison_pipeline.storage.tables import ATTEMPTS, CONVERSATIONS, QueueTables
 
 WAITING = "waiting"
@@ -60,6 +61,8 @@ class QueueStatus:
     ended_conversations: int = 0
     # Ended conversations whose clean-up hook has not succeeded yet (each cycle retries them).
     unfinished_cleanups: tuple[UnfinishedCleanup, ...] = ()
+    # Who holds the queue's lease (a cycle, a transmission or an operator command at work), if anyone.
+    lease_holder: Holder | None = None
 
     def table(self, name: str) -> TableStatus:
         for status in self.tables:
@@ -79,7 +82,7 @@ def queue_status(declaration: Declaration, queue: str, now: datetime) -> QueueSt
     ]
     ended = tables.stats(CONVERSATIONS, now).rows if tables.exists(CONVERSATIONS) else 0
     return QueueStatus(queue, now, state.enabled, state.reason, state.actor, state.since, tuple(statuses),
-                       ended, tuple(unfinished_cleanups(declaration, tables)))
+                       ended, tuple(unfinished_cleanups(declaration, tables)), tables.lease_holder())
 
 
 def _age(now: datetime, oldest: datetime | None) -> float | None:
@@ -175,15 +178,16 @@ def format_time(moment: datetime | None) -> str:
 
 
 def _state_line(status: QueueStatus) -> str:
+    busy = f"\n  busy: lease held by {status.lease_holder.describe()}" if status.lease_holder else ""
     if status.enabled:
         head = f"{status.queue}: ENABLED"
         if status.since is not None:
             head += f" (since {format_time(status.since)} by {status.actor}: {status.reason})"
-        return head
+        return head + busy
     return (
         f"{status.queue}: DISABLED since {format_time(status.since)} by {status.actor}: {status.reason}"
         f"  (re-enable with `poison-pipeline enable {status.queue}`)"
-    )
+    ) + busy
 
 
 _HEADER = ("table", "rows", "oldest", "due", "next due", "by reason / disposition")

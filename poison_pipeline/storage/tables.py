@@ -24,7 +24,7 @@ from poison_pipeline.domain.routing import (
     waiting_tables,
 )
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, queue_lease
+from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, current_holder, queue_lease
 
 ATTEMPTS = "attempts"
 EVENTS = "events"
@@ -127,6 +127,10 @@ class QueueTables:
         """Hold the queue's lease (one writer per queue) for a `with` block; see storage/lease.py."""
         return queue_lease(self.uri(LEASE_TABLE), self.queue, self.storage_options, self.lease_settings,
                            purpose, run_id, on_wait)
+
+    def lease_holder(self) -> Holder | None:
+        """Who holds the queue's lease now, if anyone."""
+        return current_holder(self.uri(LEASE_TABLE), self.storage_options)
 
     def ensure(self) -> None:
         """Create every table that does not exist yet (safe to call from several processes)."""
