@@ -398,6 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What each refusal the commands raise exits with; the message itself names what was wrong.
+_EXIT_FOR: tuple[tuple[type[Exception], int], ...] = (
+    (UsageError, EXIT_USAGE), (DeclarationError, EXIT_USAGE), (LeaseHeld, EXIT_BUSY),
+    (StateNotRecorded, EXIT_INCOMPLETE),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -409,18 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
         return code
-    except UsageError as error:
+    except (UsageError, DeclarationError, LeaseHeld, StateNotRecorded) as error:
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except DeclarationError as error:
-        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except LeaseHeld as error:
-        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_BUSY
-    except StateNotRecorded as error:
-        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_INCOMPLETE
+        return next(code for kind, code in _EXIT_FOR if isinstance(error, kind))
     except BrokenPipeError:
         # The reader went away (`| head`): nothing is wrong, and nothing more can be printed.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
