@@ -22,20 +22,20 @@ from pathlib import Path
 
 from deltalake.exceptions import DeltaError
 
-from poison_pipeline.domain.conversation_errors import ConversationError
-from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, DeclarationError, load_declaration
-from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
-from poison_pipeline.domain.policy import Policy
-from poison_pipeline.ops.inspect import format_inspection, inspect_message
-from poison_pipeline.ops.status import format_status, format_time, queue_status
-from poison_pipeline.storage.control import StateNotRecorded, queue_state, set_enabled
-from poison_pipeline.storage.conversations import (
+from poison_pipeline.broker.conversations import (
     CONVERSATION_ENDED,
     EndResult,
     check_end_request,
     conversation_queues,
     end_conversation,
 )
+from poison_pipeline.domain.conversation_errors import ConversationError
+from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, DeclarationError, load_declaration
+from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
+from poison_pipeline.domain.policy import Policy
+from poison_pipeline.operations.inspect_message import format_inspection, inspect_message
+from poison_pipeline.operations.status import format_status, format_time, queue_status
+from poison_pipeline.storage.control import StateNotRecorded, queue_state, set_enabled
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.lease import LeaseHeld
 from poison_pipeline.storage.tables import QueueTables

@@ -19,7 +19,7 @@ from poison_pipeline.domain.declaration import Declaration, load_declaration
 from poison_pipeline.examples import scenarios
 from poison_pipeline.examples.drive import Driver
 from poison_pipeline.examples.generate import inventory_messages, order_messages
-from poison_pipeline.ops.conservation import conservation
+from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 

@@ -13,16 +13,16 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake.exceptions import DeltaError
 
-from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
-from poison_pipeline.domain.envelope import parse_envelope
-from poison_pipeline.ops.inspect import inspect_message
-from poison_pipeline.ops.status import format_status, queue_status
-from poison_pipeline.storage import conversations
-from poison_pipeline.storage.conversations import (
+from poison_pipeline.broker import conversations
+from poison_pipeline.broker.conversations import (
     ConversationError,
     end_conversation,
     ended_conversations,
 )
+from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
+from poison_pipeline.domain.envelope import parse_envelope
+from poison_pipeline.operations.inspect_message import inspect_message
+from poison_pipeline.operations.status import format_status, queue_status
 from poison_pipeline.storage.enqueue import enqueue, message_rows
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
 from poison_pipeline_tests import conversation_hooks

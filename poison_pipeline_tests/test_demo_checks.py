@@ -18,7 +18,7 @@ from poison_pipeline.examples.checks import (
     wrongly_charged,
 )
 from poison_pipeline.examples.generate import account_messages
-from poison_pipeline.ops.conservation import Conservation
+from poison_pipeline.operations.conservation import Conservation
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

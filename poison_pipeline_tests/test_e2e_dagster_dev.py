@@ -28,8 +28,8 @@ import yaml
 
 from poison_pipeline.defs.naming import job_name, sensor_name
 from poison_pipeline.domain.declaration import Declaration, load_declaration
-from poison_pipeline.ops.conservation import conservation
-from poison_pipeline.ops.status import queue_status
+from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.status import queue_status
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 

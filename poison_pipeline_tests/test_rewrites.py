@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+from poison_pipeline.broker.conversations import end_conversation
 from poison_pipeline.engine.cycle import run_cycle
-from poison_pipeline.storage.conversations import end_conversation
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables, _whole_due_batches
 from poison_pipeline_tests.support import places, queue, rows, send

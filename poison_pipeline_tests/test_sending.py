@@ -6,12 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from poison_pipeline.broker.conversations import ended_conversations
+from poison_pipeline.broker.transmission import transmit
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.storage.control import set_enabled
-from poison_pipeline.storage.conversations import ended_conversations
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline.storage.transmission import transmit
 from poison_pipeline_tests.support import rows
 
 FORWARD = "poison_pipeline_tests.handlers:forwarding"

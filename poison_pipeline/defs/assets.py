@@ -6,13 +6,13 @@ from typing import Any
 
 from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, MetadataValue, asset
 
+from poison_pipeline.broker.transmission import transmit
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.defs.resources import SparkResource
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.engine.cycle import CycleReport, run_cycle
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
-from poison_pipeline.storage.transmission import transmit
 
 _OUTCOMES = ("processed", "duplicate", "moved", "poisoned", "rejected", "expired", "dropped",
              "quarantined", "faulted", "ended", "outage", "messages", "attempts", "conversations_ended",

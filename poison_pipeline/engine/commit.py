@@ -13,13 +13,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from poison_pipeline.broker.conversations import end_conversation
 from poison_pipeline.domain.conversation_errors import MAX_DESCRIPTION
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE, STAY, Disposition
 from poison_pipeline.engine.changes import decode_sent
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_commit
-from poison_pipeline.storage.conversations import end_conversation
 from poison_pipeline.storage.journal import JournalEntry
 from poison_pipeline.storage.tables import ATTEMPTS, EVENTS, NOTIFICATIONS, TRANSMISSION, QueueTables
 

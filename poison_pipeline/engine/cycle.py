@@ -10,6 +10,13 @@ from datetime import UTC, datetime
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from poison_pipeline.broker.conversations import (
+    UnfinishedCleanup,
+    ended_conversations,
+    retry_cleanups,
+    unfinished_cleanups,
+)
+from poison_pipeline.broker.transmission import pending_count, transmit
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.policy import Ordering
 from poison_pipeline.domain.routing import PROCESSED, cycle_number
@@ -19,17 +26,10 @@ from poison_pipeline.engine.dedup import find_duplicates
 from poison_pipeline.engine.ordering import blocked_conversations, in_conversation_order
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
-from poison_pipeline.storage.conversations import (
-    UnfinishedCleanup,
-    ended_conversations,
-    retry_cleanups,
-    unfinished_cleanups,
-)
 from poison_pipeline.storage.inflight import culprits
 from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.lease import Holder, Lease
 from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline.storage.transmission import pending_count, transmit
 
 
 @dataclass

@@ -12,6 +12,8 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from poison_pipeline.broker.conversations import CONVERSATION_ENDED, CONVERSATION_ERROR, ended_conversations
+from poison_pipeline.broker.transmission import LIFETIME_EXPIRED
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.examples.checks import (
@@ -32,10 +34,8 @@ from poison_pipeline.examples.generate import (
 )
 from poison_pipeline.examples.handlers import app_db, hook_log, presentation_folder
 from poison_pipeline.storage.control import queue_state, set_enabled
-from poison_pipeline.storage.conversations import CONVERSATION_ENDED, CONVERSATION_ERROR, ended_conversations
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION, QueueTables
-from poison_pipeline.storage.transmission import LIFETIME_EXPIRED
 
 
 def _rows(declaration: Declaration, queue: str, table: str, columns: list[str] | None = None) -> list[dict[str, Any]]:

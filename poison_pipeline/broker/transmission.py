@@ -29,6 +29,12 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from poison_pipeline.broker.conversations import (
+    CONVERSATION_ENDED,
+    end_conversation,
+    ended_conversations,
+    unsent_as_dead_letter,
+)
 from poison_pipeline.domain.conversation_errors import CONTRACT_BREACH, RECOVERABLE, describe_code
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
@@ -36,12 +42,6 @@ from poison_pipeline.domain.policy import OnUndefinedError
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
-from poison_pipeline.storage.conversations import (
-    CONVERSATION_ENDED,
-    end_conversation,
-    ended_conversations,
-    unsent_as_dead_letter,
-)
 from poison_pipeline.storage.tables import NOTIFICATIONS, TRANSMISSION, QueueTables
 
 LIFETIME_EXPIRED = -8489

@@ -19,7 +19,7 @@ import pyarrow.dataset as pads
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
-from poison_pipeline.ops.status import format_time
+from poison_pipeline.operations.status import format_time
 from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
 
 # Enough to read any realistic body; beyond it an operator wants a file, not a terminal.

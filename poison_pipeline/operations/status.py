@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
+from poison_pipeline.broker.conversations import UnfinishedCleanup, unfinished_cleanups
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.storage.control import queue_state
-from poison_pipeline.storage.conversations import UnfinishedCleanup, unfinished_cleanups
 from poison_pipeline.storage.lease import Holder
 from poison_pipeline.storage.tables import ATTEMPTS, CONVERSATIONS, QueueTables
 
