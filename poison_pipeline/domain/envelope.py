@@ -61,6 +61,9 @@ class Message:
     move_count: int
     cycle: int
     attempt: int
+    # Lifetime totals, kept across redrives: failed attempts in every queue, and redrives by operators.
+    total_abort_count: int = 0
+    redrive_count: int = 0
 
     def __getattr__(self, name: str) -> Any:
         # Handlers read message.message_id, message.body...: delegate to the envelope.

@@ -99,7 +99,7 @@ def _timestamps(column: pa.Array) -> list[datetime | None]:
 _NAIVE = pa.timestamp("us")
 _PLAIN_COLUMNS = [
     "message_id", "conversation_id", "sequence_number", "message_type", "body", "encoding", "sender",
-    "headers", "abort_count", "move_count", "batch_id",
+    "headers", "abort_count", "total_abort_count", "move_count", "redrive_count", "batch_id",
 ]
 
 
@@ -225,8 +225,10 @@ class Processor:
         return None
 
     def _message(self, rows: _Rows, i: int, envelope: Envelope, attempt: int) -> Message:
-        return Message(envelope, self.spec.queue, rows.columns["abort_count"][i] + attempt - 1,
-                       rows.columns["move_count"][i] + self.moves_back, self.cycle, attempt)
+        failed = attempt - 1
+        return Message(envelope, self.spec.queue, rows.columns["abort_count"][i] + failed,
+                       rows.columns["move_count"][i] + self.moves_back, self.cycle, attempt,
+                       rows.columns["total_abort_count"][i] + failed, rows.columns["redrive_count"][i] or 0)
 
     def _deliver_one(self, rows: _Rows, i: int, changes: Changes) -> None:
         handler = self.handler

@@ -42,6 +42,7 @@ def message_rows(envelopes: Iterable[Envelope], batch_id: str, now: datetime) ->
             "abort_count": 0,
             "total_abort_count": 0,
             "move_count": 0,
+            "redrive_count": 0,
             "due_at": now,
             "entered_at": now,
             "batch_id": batch_id,

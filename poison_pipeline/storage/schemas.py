@@ -27,6 +27,8 @@ MESSAGE = pa.schema(
         pa.field("abort_count", pa.int32()),
         pa.field("total_abort_count", pa.int32()),
         pa.field("move_count", pa.int32()),
+        # How many times an operator sent the message back from poison, dead-letter or quarantine.
+        pa.field("redrive_count", pa.int32()),
         pa.field("due_at", TS),
         pa.field("entered_at", TS),
         pa.field("batch_id", pa.string()),
@@ -167,7 +169,8 @@ PARTITIONS: dict[str, list[str]] = {"processed": ["date"], "attempts": ["date"]}
 
 
 # The counts and error columns of a message that enters a queue for the first time (a sent message).
-FRESH: dict[str, object] = {"abort_count": 0, "total_abort_count": 0, "move_count": 0, "last_error_type": None,
+FRESH: dict[str, object] = {"abort_count": 0, "total_abort_count": 0, "move_count": 0, "redrive_count": 0,
+                            "last_error_type": None,
                             "last_error_message": None, "last_error_stack": None, "last_error_signature": None}
 
 

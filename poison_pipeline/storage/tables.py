@@ -181,6 +181,8 @@ class QueueTables:
             partition_by=schemas.PARTITIONS.get(table),
             commit_properties=properties,
             writer_properties=_WRITER,
+            # A table made by an earlier version gains the columns added since (redrive_count).
+            schema_mode="merge",
         )
         return True
 
