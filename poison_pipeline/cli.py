@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import getpass
 import json
 import logging
 import os
@@ -27,18 +26,19 @@ from poison_pipeline.broker.conversations import (
     EndResult,
     check_end_request,
     conversation_queues,
-    end_conversation,
 )
 from poison_pipeline.domain.conversation_errors import ConversationError
 from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, DeclarationError, load_declaration
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.domain.policy import Policy
+from poison_pipeline.operations.actions import default_actor, format_actions, list_actions
+from poison_pipeline.operations.enable import enable
+from poison_pipeline.operations.end_conversation import end_conversation_by_operator
 from poison_pipeline.operations.inspect_message import format_inspection, inspect_message
 from poison_pipeline.operations.status import format_status, format_time, queue_status
-from poison_pipeline.storage.control import StateNotRecorded, queue_state, set_enabled
+from poison_pipeline.storage.control import StateNotRecorded
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.lease import LeaseHeld
-from poison_pipeline.storage.tables import QueueTables
 
 PROG = "poison-pipeline"
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
@@ -200,23 +200,28 @@ def _inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _default_actor() -> str:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):  # no login name in some containers
-        return "unknown"
-
-
 def _enable(args: argparse.Namespace) -> int:
     declaration = _declaration(args)
     _check_queue(declaration, args.queue)
-    tables = QueueTables.of(declaration, args.queue)
-    before = queue_state(tables)
-    if not set_enabled(tables, True, args.actor, args.reason):
-        print(f"queue {args.queue!r} is already enabled; nothing recorded")
+    result = enable(declaration, args.queue, args.actor, args.reason)
+    if not result.changed:
+        print(f"queue {args.queue!r} is already enabled; its state is unchanged (action {result.action.action_id})")
         return EXIT_OK
-    print(f"queue {args.queue!r} enabled by {args.actor}: {args.reason}")
+    before = result.before
+    print(f"queue {args.queue!r} enabled by {args.actor}: {args.reason} (action {result.action.action_id})")
     print(f"  it was disabled since {format_time(before.since)} by {before.actor}: {before.reason}")
+    return EXIT_OK
+
+
+def _actions(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    if args.queue is not None:
+        _check_queue(declaration, args.queue)
+    found = list_actions(declaration, args.queue)
+    if args.json:
+        _print_json([asdict(a) for a in found])
+    else:
+        print(format_actions(found))
     return EXIT_OK
 
 
@@ -236,8 +241,8 @@ def _end_conversation(args: argparse.Namespace) -> int:
                   "--queue to end it there anyway", file=sys.stderr)
             return EXIT_INCOMPLETE
     now = datetime.now(UTC)
-    results = [end_conversation(declaration, queue, args.conversation_id, args.code, args.description,
-                                args.actor, now) for queue in queues]
+    results = [end_conversation_by_operator(declaration, queue, args.conversation_id, args.code,
+                                            args.description, args.actor, now).result for queue in queues]
     if args.json:
         _print_json([{**asdict(r), "kind": r.kind, "removed_total": r.removed_total} for r in results])
     else:
@@ -363,8 +368,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("queue", metavar="QUEUE", help="the application queue to enable")
     sub.add_argument("--reason", metavar="TEXT", default="re-enabled from the command line",
                      help="why it is being enabled (recorded); default: %(default)r")
-    sub.add_argument("--actor", metavar="NAME", default=_default_actor(),
+    sub.add_argument("--actor", metavar="NAME", default=default_actor(),
                      help="who is enabling it (recorded); default: your login name")
+
+    sub = command(
+        "actions", "list the operator actions recorded per queue (who, when, what, state)",
+        "List every operator action recorded in the queues' actions ledgers, oldest first: its id,\n"
+        "kind (enable, end_conversation, ...), actor, time, state (planned, done, undone), counts\n"
+        "and arguments. An action left `planned` was interrupted: run it again with its id.",
+        _actions,
+    )
+    sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only this queue")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     sub = command(
         "end-conversation", "end a conversation with an error: its messages leave every queue",
@@ -392,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--queue", "-q", metavar="QUEUE", default=None,
                      help="only this queue, even where the conversation has no messages (default: every "
                           "queue where it has messages, ledger rows or a recorded end)")
-    sub.add_argument("--actor", metavar="NAME", default=_default_actor(),
+    sub.add_argument("--actor", metavar="NAME", default=default_actor(),
                      help="who is ending it (recorded); default: your login name")
     sub.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser

@@ -223,7 +223,7 @@ def test_enable_a_disabled_queue_then_again(tmp_path: Path, capsys) -> None:
     assert (state.enabled, state.actor, state.reason) == (True, "alice", "fixed the schema")
 
     assert main([*enable, "--actor", "bob"]) == 0
-    assert "already enabled; nothing recorded" in capsys.readouterr().out
+    assert "already enabled; its state is unchanged (action enable-" in capsys.readouterr().out
     assert tables.open(EVENTS).to_pyarrow_table().num_rows == 2
     assert queue_state(tables).actor == "alice"
 

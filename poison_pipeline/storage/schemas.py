@@ -134,6 +134,24 @@ CONVERSATIONS = pa.schema(
     ]
 )
 
+# The operator actions taken on a queue (redrive, purge, enable, ...): who, when, with what, and the
+# Delta versions of the tables each touched before and after, so an action can be undone.
+ACTIONS = pa.schema(
+    [
+        pa.field("action_id", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("queue", pa.string()),
+        pa.field("actor", pa.string()),
+        pa.field("at", TS),
+        pa.field("arguments", pa.string()),  # JSON
+        pa.field("state", pa.string()),  # planned, done, undone
+        pa.field("counts", pa.string()),  # JSON
+        pa.field("versions", pa.string()),  # JSON: {"queue/table": {"before": v, "after": v}}
+        pa.field("run_id", pa.string()),
+        pa.field("finished_at", TS),
+    ]
+)
+
 # The sender's transmission queue: sent messages waiting until their target queue accepts them.
 TRANSMISSION = pa.schema(
     [pa.field("target_queue", pa.string())]

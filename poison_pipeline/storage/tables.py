@@ -31,6 +31,7 @@ EVENTS = "events"
 NOTIFICATIONS = "notifications"
 CONVERSATIONS = "conversations"
 TRANSMISSION = "transmission"
+ACTIONS = "actions"
 # delta-rs would write a million-row append as one row group, and Spark cannot split a row group:
 # the whole batch would be one task on one core. Smaller groups let a cycle use every core.
 _WRITER = WriterProperties(max_row_group_size=65_536)
@@ -48,6 +49,7 @@ def schema_of(table: str) -> pa.Schema:
         NOTIFICATIONS: schemas.NOTIFICATIONS,
         CONVERSATIONS: schemas.CONVERSATIONS,
         TRANSMISSION: schemas.TRANSMISSION,
+        ACTIONS: schemas.ACTIONS,
     }[table]
 
 
@@ -58,7 +60,7 @@ def _quoted(value: str) -> str:
 # The column that says when a row arrived in each table: the age of its oldest entry.
 _ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at",
             ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at", CONVERSATIONS: "at",
-            TRANSMISSION: "enqueued_at"}
+            TRANSMISSION: "enqueued_at", ACTIONS: "at"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class QueueTables:
     @property
     def all_tables(self) -> tuple[str, ...]:
         return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
-                CONVERSATIONS, TRANSMISSION)
+                CONVERSATIONS, TRANSMISSION, ACTIONS)
 
     def uri(self, table: str) -> str:
         return f"{self.lake_root}/{self.queue}/{table}"

@@ -1,0 +1,146 @@
+"""The actions ledger: one row per operator action on a queue (who, when, with what arguments, its
+state and counts, and the Delta versions of every table it touched before and after).
+
+An action is recorded `planned` before it changes anything and `done` after, so a killed action
+shows as planned and running it again with the same id completes it; `undo` marks it `undone`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+from deltalake import write_deltalake
+from rich import box
+from rich.table import Table
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.operations.render import render, when
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.tables import ACTIONS, QueueTables
+
+PLANNED, DONE, UNDONE = "planned", "done", "undone"
+
+
+@dataclass(frozen=True)
+class Action:
+    action_id: str
+    kind: str
+    queue: str
+    actor: str
+    at: datetime
+    arguments: dict[str, Any]
+    state: str
+    counts: dict[str, Any] = field(default_factory=dict)
+    # "queue/table" -> {"before": version, "after": version}
+    versions: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    run_id: str = "manual"
+    finished_at: datetime | None = None
+
+
+def default_actor() -> str:
+    """Who is acting when nobody says: the operating system's login name."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name in some containers
+        return "unknown"
+
+
+def new_action_id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:12]}"
+
+
+def _table_key(tables: QueueTables, table: str) -> str:
+    return f"{tables.queue}/{table}"
+
+
+def table_version(tables: QueueTables, table: str) -> int | None:
+    return tables.open(table).version() if tables.exists(table) else None
+
+
+def _from_row(row: dict[str, Any]) -> Action:
+    return Action(row["action_id"], row["kind"], row["queue"], row["actor"], row["at"],
+                  json.loads(row["arguments"]), row["state"], json.loads(row["counts"] or "{}"),
+                  json.loads(row["versions"] or "{}"), row["run_id"], row["finished_at"])
+
+
+def find_action(tables: QueueTables, action_id: str) -> Action | None:
+    if not tables.exists(ACTIONS):
+        return None
+    rows = tables.open(ACTIONS).to_pyarrow_dataset().to_table(
+        filter=pads.field("action_id") == action_id).to_pylist()
+    return _from_row(rows[0]) if rows else None
+
+
+def begin_action(tables: QueueTables, kind: str, actor: str, arguments: dict[str, Any],
+                 touched: list[tuple[QueueTables, str]], action_id: str | None = None,
+                 run_id: str = "manual", now: datetime | None = None) -> Action:
+    """Record an action as planned (with the versions of the tables it will touch), or return the
+    recorded one when `action_id` names an action already begun."""
+    tables.ensure()
+    if action_id is not None and (existing := find_action(tables, action_id)) is not None:
+        return existing
+    action = Action(action_id or new_action_id(kind), kind, tables.queue, actor, now or datetime.now(UTC),
+                    arguments, PLANNED, {}, {_table_key(t, name): {"before": table_version(t, name), "after": None}
+                                             for t, name in touched}, run_id)
+    tables.append(ACTIONS, pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS))
+    return action
+
+
+def _row(action: Action) -> dict[str, Any]:
+    return {"action_id": action.action_id, "kind": action.kind, "queue": action.queue, "actor": action.actor,
+            "at": action.at, "arguments": json.dumps(action.arguments, sort_keys=True, default=str),
+            "state": action.state, "counts": json.dumps(action.counts, sort_keys=True, default=str),
+            "versions": json.dumps(action.versions, sort_keys=True), "run_id": action.run_id,
+            "finished_at": action.finished_at}
+
+
+def _update(tables: QueueTables, action: Action) -> None:
+    # Written back as plain strings: delta-rs's update writes string_view columns (see replace_batches).
+    quoted = action.action_id.replace("'", "''")
+    write_deltalake(tables.open(ACTIONS), pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS),
+                    mode="overwrite", predicate=f"action_id = '{quoted}'")
+
+
+def finish_action(tables: QueueTables, action: Action, counts: dict[str, Any],
+                  touched: list[tuple[QueueTables, str]], now: datetime | None = None) -> Action:
+    """Record the action done with its counts and the versions it left the tables at."""
+    versions = {key: dict(value) for key, value in action.versions.items()}
+    for t, name in touched:
+        versions.setdefault(_table_key(t, name), {"before": None})["after"] = table_version(t, name)
+    done = Action(action.action_id, action.kind, action.queue, action.actor, action.at, action.arguments, DONE,
+                  counts, versions, action.run_id, now or datetime.now(UTC))
+    _update(tables, done)
+    return done
+
+
+def mark_undone(tables: QueueTables, action: Action) -> Action:
+    undone = Action(**{**action.__dict__, "state": UNDONE})
+    _update(tables, undone)
+    return undone
+
+
+def list_actions(declaration: Declaration, queue: str | None = None) -> list[Action]:
+    """Every recorded action, oldest first, of one queue or of all."""
+    found: list[Action] = []
+    for name in [queue] if queue else list(declaration.queues):
+        tables = QueueTables.of(declaration, name)
+        if tables.exists(ACTIONS):
+            found += [_from_row(r) for r in tables.open(ACTIONS).to_pyarrow_table().to_pylist()]
+    return sorted(found, key=lambda a: (a.at, a.action_id))
+
+
+def format_actions(actions: list[Action]) -> str:
+    if not actions:
+        return "no operator action recorded"
+    table = Table("action", "queue", "kind", "actor", "at", "state", "counts", "arguments", box=box.SIMPLE)
+    for a in actions:
+        table.add_row(a.action_id, a.queue, a.kind, a.actor, when(a.at), a.state,
+                      " ".join(f"{k}={v}" for k, v in a.counts.items()), json.dumps(a.arguments, sort_keys=True))
+    return render(table)

@@ -1,0 +1,37 @@
+"""`end-conversation`: an operator ends a conversation with an error in one queue or in every queue
+where it appears, each end recorded in that queue's actions ledger (the workflow itself is
+broker/conversations.py, shared with the engine's `on_conversation_poison: end_conversation`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from poison_pipeline.broker.conversations import EndResult, end_conversation
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.routing import DEAD_LETTER
+from poison_pipeline.operations.actions import Action, begin_action, finish_action
+from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
+
+
+@dataclass(frozen=True)
+class OperatorEnd:
+    result: EndResult
+    action: Action
+
+
+def end_conversation_by_operator(declaration: Declaration, queue: str, conversation_id: str, code: int,
+                                 description: str, actor: str, now: datetime | None = None,
+                                 run_id: str = "manual") -> OperatorEnd:
+    tables = QueueTables.of(declaration, queue)
+    tables.ensure()
+    touched = [(tables, t) for t in (*tables.waiting, DEAD_LETTER, CONVERSATIONS, EVENTS, NOTIFICATIONS)]
+    with tables.lease("end-conversation", run_id):
+        action = begin_action(tables, "end_conversation", actor, {
+            "conversation_id": conversation_id, "code": code, "description": description}, touched, run_id=run_id)
+        result = end_conversation(declaration, queue, conversation_id, code, description, actor, now)
+        counts = {"removed": result.removed_total, "unsent": sum(result.unsent.values()),
+                  "notified": len(result.notified), "already_ended": result.already_ended,
+                  "hook_error": result.hook_error}
+        action = finish_action(tables, action, counts, touched)
+    return OperatorEnd(result, action)
