@@ -1,0 +1,119 @@
+"""Which failed messages an operator command takes from poison, dead_letter or quarantine: by
+failure group, error type, message type, conversation, failure time, a list of ids or a SQL
+predicate. Read with delta-rs and pyarrow only (its SQL engine for `--where`), so a small redrive
+or purge starts no JVM."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+from deltalake import DeltaTable, QueryBuilder
+from deltalake.exceptions import DeltaError
+
+from poison_pipeline.domain.routing import DEAD_LETTER, POISON, QUARANTINE
+from poison_pipeline.storage.tables import QueueTables, schema_of
+
+FAILURE_TABLES = (POISON, DEAD_LETTER, QUARANTINE)
+# When a row failed for good: when it entered the table that keeps it.
+FAILED_AT = {POISON: "entered_at", DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at"}
+
+
+class SelectionError(ValueError):
+    """A selection that cannot be applied; the message names the filter and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    group: str | None = None
+    error_type: str | None = None
+    message_type: str | None = None
+    conversation: str | None = None
+    failed_after: datetime | None = None
+    failed_before: datetime | None = None
+    ids: tuple[str, ...] | None = None
+    where: str | None = None
+
+    def arguments(self) -> dict[str, Any]:
+        """The filters given, as JSON-able values (what an action records and an id derives from)."""
+        given = {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: (v.isoformat() if isinstance(v, datetime) else list(v) if isinstance(v, tuple) else v)
+                for k, v in given.items()}
+
+
+def check_table(table: str) -> None:
+    if table not in FAILURE_TABLES:
+        raise SelectionError(f"table {table!r}: choose poison, dead_letter or quarantine")
+
+
+def selection_filter(selection: Selection, table: str) -> pads.Expression | None:
+    """The row filter of every selection but `where` (a SQL predicate, applied by `selected`)."""
+    check_table(table)
+    if selection.failed_after and selection.failed_before and selection.failed_after >= selection.failed_before:
+        raise SelectionError(f"--failed-after {selection.failed_after.isoformat()} is not before "
+                             f"--failed-before {selection.failed_before.isoformat()}: the range is empty")
+    parts: list[pads.Expression] = []
+    if selection.group is not None:
+        from poison_pipeline.operations.groups import group_filter  # groups reads tables: imported when used
+
+        parts.append(group_filter(selection.group))
+    if selection.error_type is not None:
+        # `ValueError` matches builtins' ValueError; `PartObsolete` also matches myapp.errors.PartObsolete.
+        error = pc.field("last_error_type")
+        parts.append((error == selection.error_type) | pc.ends_with(error, "." + selection.error_type))
+    if selection.message_type is not None:
+        parts.append(pc.field("message_type") == selection.message_type)
+    if selection.conversation is not None:
+        parts.append(pc.field("conversation_id") == selection.conversation)
+    failed_at = pc.field(FAILED_AT[table])
+    if selection.failed_after is not None:
+        parts.append(failed_at >= pa.scalar(selection.failed_after, pa.timestamp("us", tz="UTC")))
+    if selection.failed_before is not None:
+        parts.append(failed_at < pa.scalar(selection.failed_before, pa.timestamp("us", tz="UTC")))
+    if selection.ids is not None:
+        parts.append(pc.field("message_id").isin(list(selection.ids)))
+    if not parts:
+        return None
+    combined = parts[0]
+    for part in parts[1:]:
+        combined = combined & part
+    return combined
+
+
+def selected(tables: QueueTables, table: str, selection: Selection) -> pa.Table:
+    """The rows of `table` the selection takes, every column, oldest failure first."""
+    check_table(table)
+    schema = schema_of(table)
+    if not tables.exists(table):
+        return schema.empty_table()
+    target = tables.open(table)
+    expression = selection_filter(selection, table)
+    rows = target.to_pyarrow_dataset().to_table(filter=expression) if expression is not None \
+        else target.to_pyarrow_table()
+    if selection.where is not None and rows.num_rows:
+        keys = _where_keys(target, table, selection.where)
+        rows = rows.filter(pc.is_in(_keys(rows), value_set=keys))
+    return rows.cast(schema).sort_by([(FAILED_AT[table], "ascending"), ("message_id", "ascending")])
+
+
+def _keys(rows: pa.Table) -> pa.Array:
+    # A message is in a table once per stay: its id and batch id name the row.
+    return pc.binary_join_element_wise(rows["message_id"], pc.fill_null(rows["batch_id"], ""), "\x1f")
+
+
+def _where_keys(target: DeltaTable, table: str, where: str) -> pa.Array:
+    if ";" in where:
+        raise SelectionError(f"--where {where!r}: one predicate only (no ';')")
+    try:
+        found = QueryBuilder().register("t", target).execute(
+            f"SELECT message_id, batch_id FROM t WHERE ({where})").read_all()
+    except DeltaError as error:
+        columns = ", ".join(schema_of(table).names)
+        raise SelectionError(f"--where {where!r} is not a predicate over the columns of {table} "
+                             f"({columns}): {error}") from None
+    result = pa.table(found).cast(pa.schema([("message_id", pa.string()), ("batch_id", pa.string())]))
+    return _keys(result)
