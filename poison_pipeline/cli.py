@@ -9,15 +9,19 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
+import contextlib
 import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 
 from deltalake.exceptions import DeltaError
 
@@ -444,5 +448,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INCOMPLETE
 
 
+def console_main() -> NoReturn:
+    """The `poison-pipeline` command: `main`, then end the process before Python finalizes.
+
+    Tables are read through delta-rs's `to_pyarrow_dataset`, whose files are Python objects (a
+    `pyarrow.fs.PyFileSystem` over delta-rs's handler, and the buffers its files return). Arrow
+    drops the last references to them on its own worker threads, sometimes just after the read has
+    returned, and such a thread then needs the GIL. Once Python 3.11 has begun finalizing, a thread
+    asking for the GIL is ended with pthread_exit, which unwinds through Arrow's noexcept destructor:
+    std::terminate, "terminate called without an active exception" and exit code 134 after the
+    answer was printed (delta-rs#2184, apache/arrow#33975). Dropping our own datasets earlier does
+    not help: the last reference is Arrow's. So the command does what an exit does before
+    finalizing (wait for non-daemon threads, run the atexit handlers, flush stdout and stderr) and
+    then leaves with os._exit, which never finalizes.
+    """
+    try:
+        code = main()
+    except Exception:  # a bug: Python's own traceback and exit code, but still no finalizing
+        sys.excepthook(*sys.exc_info())
+        code = EXIT_INCOMPLETE
+    os._exit(_shut_down(code))
+
+
+def _shut_down(code: int) -> int:
+    """What an interpreter exit does before finalizing, in its order; returns the exit code to use."""
+    threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads, as Py_FinalizeEx does
+    atexit._run_exitfuncs()  # logging.shutdown among them
+    return flush_output(code)
+
+
+def flush_output(code: int) -> int:
+    """Flush stdout and stderr; an output that could not be written makes a success exit code 1."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`| head`), as in main
+        code = code or EXIT_INCOMPLETE
+    except OSError as error:
+        code = code or EXIT_INCOMPLETE
+        with contextlib.suppress(OSError):
+            print(f"{PROG}: error: could not write the output: {error}", file=sys.stderr)
+    with contextlib.suppress(OSError):
+        sys.stderr.flush()
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
