@@ -39,6 +39,8 @@ from poison_pipeline.operations.actions import default_actor, format_actions, li
 from poison_pipeline.operations.enable import enable
 from poison_pipeline.operations.end_conversation import end_conversation_by_operator
 from poison_pipeline.operations.inspect_message import format_inspection, inspect_message
+from poison_pipeline.operations.redrive import RedriveError, format_redrive, redrive
+from poison_pipeline.operations.selection import FAILURE_TABLES, Selection, SelectionError
 from poison_pipeline.operations.status import format_status, format_time, queue_status
 from poison_pipeline.storage.control import StateNotRecorded
 from poison_pipeline.storage.enqueue import enqueue
@@ -217,6 +219,50 @@ def _enable(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rate(text: str) -> float:
+    try:
+        return float(text.removesuffix("/s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate: write messages per second, e.g. 50/s") from None
+
+
+def _moment(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-22T10:00Z)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _selection(args: argparse.Namespace) -> Selection:
+    ids = None
+    if args.ids is not None:
+        try:
+            ids = tuple(line.strip() for line in Path(args.ids).read_text().splitlines() if line.strip())
+        except OSError as error:
+            raise UsageError(f"--ids {args.ids}: {error.strerror}") from None
+    return Selection(args.group, args.error_type, args.message_type, args.conversation, args.failed_after,
+                     args.failed_before, ids, args.where)
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    try:
+        result = redrive(declaration, args.queue, args.source, _selection(args), to=args.to, dry_run=args.dry_run,
+                         rate=args.rate, limit=args.limit, redrive_id=args.id, force=args.force, actor=args.actor)
+    except (RedriveError, SelectionError) as error:
+        raise UsageError(str(error)) from None
+    if args.json:
+        _print_json(asdict(result))
+    else:
+        print(format_redrive(result))
+    if not result.moved and not result.already_done:
+        print(f"{PROG} redrive: nothing to move: {result.selected} message(s) selected in "
+              f"{args.queue}/{args.source}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    return EXIT_OK
+
+
 def _actions(args: argparse.Namespace) -> int:
     declaration = _declaration(args)
     if args.queue is not None:
@@ -374,6 +420,36 @@ def build_parser() -> argparse.ArgumentParser:
                      help="why it is being enabled (recorded); default: %(default)r")
     sub.add_argument("--actor", metavar="NAME", default=default_actor(),
                      help="who is enabling it (recorded); default: your login name")
+
+    sub = command(
+        "redrive", "send failed messages back to an inbound queue (filters, dry run, rate, resumable)",
+        "Send the messages selected in QUEUE's poison, dead_letter or quarantine table back to its\n"
+        "inbound (or --to another queue's). Filters combine (all must hold). Messages keep their\n"
+        "message_id; their abort and move counts restart and redrive_count goes up by one.\n"
+        "Messages the target already processed, and messages redriven max_redrives times (unless\n"
+        "--force), are left where they are and counted. A redrive has an id (--id, default derived\n"
+        "from the arguments): killed and run again with the same id it completes without moving\n"
+        "anything twice; run again after it completed, it moves nothing.",
+        _redrive,
+    )
+    sub.add_argument("queue", metavar="QUEUE", help="the queue whose failed messages are redriven")
+    sub.add_argument("--from", dest="source", required=True, choices=FAILURE_TABLES, help="where they are")
+    sub.add_argument("--to", metavar="QUEUE", default=None, help="another declared queue's inbound")
+    sub.add_argument("--group", metavar="ID", help="a failure group id (see `groups`)")
+    sub.add_argument("--error-type", metavar="TYPE", help="last error type, e.g. ValueError or PartObsolete")
+    sub.add_argument("--message-type", metavar="TYPE")
+    sub.add_argument("--conversation", metavar="ID")
+    sub.add_argument("--failed-after", metavar="TIME", type=_moment, help="ISO 8601; failed at or after")
+    sub.add_argument("--failed-before", metavar="TIME", type=_moment, help="ISO 8601; failed before")
+    sub.add_argument("--ids", metavar="FILE", help="a file of message ids, one a line")
+    sub.add_argument("--where", metavar="EXPR", help="a SQL predicate over the table's columns")
+    sub.add_argument("--dry-run", action="store_true", help="say what would move; change nothing")
+    sub.add_argument("--rate", metavar="N/s", type=_rate, help="release N messages a second (due times)")
+    sub.add_argument("--limit", metavar="N", type=int, help="move at most N messages")
+    sub.add_argument("--id", metavar="ID", help="the redrive's id (resume or repeat it)")
+    sub.add_argument("--force", action="store_true", help="also messages past the loop guard (max_redrives)")
+    sub.add_argument("--actor", metavar="NAME", default=default_actor(), help="who (recorded)")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     sub = command(
         "actions", "list the operator actions recorded per queue (who, when, what, state)",

@@ -51,7 +51,8 @@ def recording(message: Message) -> None:
     if body.get("log"):
         append_line(body["log"], {
             "id": message.message_id, "conversation": message.conversation_id, "seq": message.sequence_number,
-            "cycle": message.cycle, "attempt": message.attempt, "abort_count": message.abort_count,
+            "cycle": message.cycle, "attempt": message.attempt, "redrive_count": message.redrive_count,
+            "total_abort_count": message.total_abort_count, "abort_count": message.abort_count,
             "move_count": message.move_count, "partition": _partition(), "pid": os.getpid(),
         })
     while body.get("hold_while") and os.path.exists(body["hold_while"]):

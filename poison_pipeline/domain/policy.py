@@ -97,6 +97,8 @@ class Policy(_Strict):
     # cycle reads to recent history instead of all of it.
     dedup_window: Duration = timedelta(days=7)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # A loop guard: a message an operator sent back this many times is skipped by redrive unless forced.
+    max_redrives: int = Field(default=3, ge=1)
 
     @field_validator("outage_errors")
     @classmethod
