@@ -42,6 +42,7 @@ from poison_pipeline.operations.inspect_message import format_inspection, inspec
 from poison_pipeline.operations.redrive import RedriveError, format_redrive, redrive
 from poison_pipeline.operations.selection import FAILURE_TABLES, Selection, SelectionError
 from poison_pipeline.operations.status import format_status, format_time, queue_status
+from poison_pipeline.operations.undo import UndoError, undo
 from poison_pipeline.storage.control import StateNotRecorded
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.lease import LeaseHeld
@@ -263,6 +264,26 @@ def _redrive(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _undo(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    try:
+        result = undo(declaration, args.action_id, actor=args.actor)
+    except UndoError as error:
+        raise UsageError(str(error)) from None
+    if args.json:
+        _print_json(asdict(result))
+    elif result.already_undone:
+        print(f"action {args.action_id} was undone already: nothing changed")
+    else:
+        print(f"undid {result.kind} {args.action_id} by {result.how} ({result.undo_id}): "
+              f"{result.restored} message(s) back where they were")
+        if result.unrecoverable:
+            named = ", ".join(result.unrecoverable[:10]) + (" ..." if len(result.unrecoverable) > 10 else "")
+            print(f"  {len(result.unrecoverable)} could not be brought back (they moved on since: processed or "
+                  f"failed again): {named}")
+    return EXIT_INCOMPLETE if result.unrecoverable else EXIT_OK
+
+
 def _actions(args: argparse.Namespace) -> int:
     declaration = _declaration(args)
     if args.queue is not None:
@@ -448,6 +469,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--limit", metavar="N", type=int, help="move at most N messages")
     sub.add_argument("--id", metavar="ID", help="the redrive's id (resume or repeat it)")
     sub.add_argument("--force", action="store_true", help="also messages past the loop guard (max_redrives)")
+    sub.add_argument("--actor", metavar="NAME", default=default_actor(), help="who (recorded)")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    sub = command(
+        "undo", "reverse a redrive (itself recorded as an action)",
+        "Undo ACTION_ID: when no other commit touched its tables since, restore each to the version it\n"
+        "had before (Delta RESTORE); otherwise move back the messages still where it put them (from\n"
+        "the table as it was before, by Delta time travel) and name those that moved on since.",
+        _undo,
+    )
+    sub.add_argument("action_id", metavar="ACTION_ID", help="an action id from `actions`")
     sub.add_argument("--actor", metavar="NAME", default=default_actor(), help="who (recorded)")
     sub.add_argument("--json", action="store_true", help="print JSON instead of text")
 
