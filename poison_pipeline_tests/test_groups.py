@@ -11,10 +11,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import yaml
+from dagster import DagsterInstance, materialize
 from deltalake import QueryBuilder
 from pyspark.sql import SparkSession
 
 from poison_pipeline.cli import main
+from poison_pipeline.defs.assets import queue_assets
+from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.domain.errors import describe, frame_name, is_handler_code, normalise, signature_of
 from poison_pipeline.engine.cycle import run_cycle
@@ -216,6 +219,22 @@ def test_key_expressions_select_a_groups_rows() -> None:
     selected = {key: rows.filter(key_expression(key, "dead_letter")).column("message_id").to_pylist()
                 for key in (SIG_A, "no-error:expired", "no-error:(none)")}
     assert selected == {SIG_A: ["a1"], "no-error:expired": ["x1"], "no-error:(none)": ["y1"]}
+
+
+def test_the_dead_letter_asset_carries_its_failure_groups(make_declaration) -> None:
+    declaration = make_declaration({"q": MOVE_AT_ONCE})
+    tables = QueueTables.of(declaration, "q")
+    tables.ensure()
+    tables.append("dead_letter", _rows("dead_letter", _failure("a1", 1, SIG_A), _failure("a2", 2, SIG_A),
+                                       _failure("x1", 3, None, reason="expired")))
+    [dead_letter] = [a for a in queue_assets(declaration, "q") if a.key == asset_key("q", "dead_letter")]
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([dead_letter], instance=instance)
+    [event] = result.get_asset_materialization_events()
+    metadata = {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
+    assert (metadata["failure_groups"], metadata["largest_failure_group"]) == (2, 2)
+    top = metadata["failure_groups_top"]
+    assert "| 01234567 | 2 |" in top and "KeyError: &lt;str&gt;" in top
 
 
 # -- a real cycle: two bugs, two groups -------------------------------------------------------------
