@@ -133,7 +133,7 @@ class _Plan:
 
 def _plan(declaration: Declaration, request: RedriveRequest, tables: QueueTables, redrive_id: str,
           now: datetime) -> _Plan:
-    rows = selected(tables, request.source, request.selection)
+    rows = selected(declaration, request.queue, request.source, request.selection)
     total = rows.num_rows
     processed = _already_processed(QueueTables.of(declaration, request.to), rows["message_id"])
     rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], value_set=processed)))
