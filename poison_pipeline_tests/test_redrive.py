@@ -212,6 +212,7 @@ def test_a_failure_group_from_groups_selects_what_redrive_moves(lake):
     assert down.count == 3
     result = redrive(declaration, "q", "poison", Selection(group=down.id))
     assert result.moved == 3 and sorted(inbound(declaration)) == ["db-0", "db-1", "db-2"]
+    assert result.by_group == {down.id: 3}
     before = table_versions(declaration)
     with pytest.raises(SelectionError, match="--group"):
         redrive(declaration, "q", "poison", Selection(group="0000beef"))
