@@ -46,6 +46,7 @@ class JourneyEvent:
     table: str | None = None  # where it happened (for a move: where it went)
     detail: str = ""
     cycle: int | None = None
+    cycle_seq: int | None = None  # the queue's cycle that did it (attempts, processed ledger)
     attempt: int | None = None
     outcome: str | None = None
     error_type: str | None = None
@@ -91,7 +92,7 @@ def history(declaration: Declaration, message_id: str) -> Journey:
                 batches.add(row["batch_id"])
             events.append(JourneyEvent(row["at"], row["disposition"], queue, PROCESSED,
                                        f"{row['disposition']} from {row['from_table']}", batch_id=row["batch_id"],
-                                       from_table=row["from_table"]))
+                                       from_table=row["from_table"], cycle_seq=row.get("cycle_seq")))
         attempts = sorted(_rows(tables, ATTEMPTS, message_id),
                           key=lambda r: (r["started_at"] is None, r["started_at"], r.get("cycle_seq") or 0,
                                          r["attempt"]))
@@ -107,12 +108,58 @@ def history(declaration: Declaration, message_id: str) -> Journey:
             events.append(JourneyEvent(at, "purged", queue, row.get("table") or row.get("from_table"),
                                        "purged", action_id=row.get("action_id"), actor=row.get("actor")))
     events += _redrives(declaration, message_id, batches)
-    if enqueued:
-        at, queue = min(enqueued)
-        events.append(JourneyEvent(at, "enqueued", queue, "inbound", "enqueued"))
-    events = _with_moves(events)
-    events.sort(key=lambda e: (e.at is None, e.at, _ORDER.get(e.kind, 9)))
-    return Journey(message_id, tuple(events))
+    first = _first_enqueue(declaration, message_id, events, enqueued)
+    cycles: dict[tuple[str, int], datetime] = {}
+    for e in events:
+        if e.kind == "attempt" and e.cycle_seq is not None and e.at is not None:
+            cycles[(e.queue, e.cycle_seq)] = max(e.at, cycles.get((e.queue, e.cycle_seq), e.at))
+    if first is not None:
+        events.append(first)
+    keyed = _with_moves(_keyed(events, cycles))
+    return Journey(message_id, tuple(e for _, e in keyed))
+
+
+def _first_enqueue(declaration: Declaration, message_id: str, events: list[JourneyEvent],
+                   enqueued: list[tuple[datetime, str]]) -> JourneyEvent | None:
+    """When it was enqueued: from a row that still holds its envelope, else from the table of its
+    first attempt as it was when that attempt started (Delta time travel: the row was there then)."""
+    attempts = sorted((e for e in events if e.kind == "attempt" and e.at is not None), key=lambda e: e.at)
+    batch = None
+    if attempts:
+        first = attempts[0]
+        tables = QueueTables.of(declaration, first.queue)
+        try:
+            then = tables.open(first.table or "")
+            then.load_as_version(first.at)
+            rows = then.to_pyarrow_dataset().to_table(
+                filter=pads.field("message_id") == message_id).to_pylist()
+        except Exception:  # vacuumed or never there: the envelope rows, if any, still say
+            rows = []
+        for row in rows:
+            if row.get("enqueued_at") is not None:
+                enqueued.append((row["enqueued_at"], first.queue))
+                batch = row.get("batch_id")
+    if not enqueued:
+        return None
+    at, queue = min(enqueued)
+    return JourneyEvent(at, "enqueued", queue, "inbound", "enqueued", batch_id=batch)
+
+
+def _keyed(events: list[JourneyEvent], cycles: dict[tuple[str, int], datetime]) -> list[tuple[Any, JourneyEvent]]:
+    """Events in the order they happened. A cycle stamps the rows it writes with its start, before
+    its attempts started: a processed row is ordered after the attempts of its cycle (cycle_seq),
+    a current row (where the message is now) after every attempt."""
+    latest = max((e.at for e in events if e.kind == "attempt" and e.at is not None), default=None)
+    keyed = []
+    for e in events:
+        at = e.at
+        if at is not None and e.kind in ("poisoned", "dead_lettered", "quarantined", "waiting") and latest:
+            at = max(at, latest)
+        elif at is not None and e.kind in ("processed", "dropped", "duplicate") and e.cycle_seq is not None:
+            at = max(at, cycles.get((e.queue, e.cycle_seq), at))
+        keyed.append(((at is None, at, _ORDER.get(e.kind, 9)), e))
+    keyed.sort(key=lambda pair: pair[0])
+    return keyed
 
 
 def _stay(queue: str, table: str, row: dict[str, Any]) -> JourneyEvent:
@@ -134,7 +181,8 @@ def _stay(queue: str, table: str, row: dict[str, Any]) -> JourneyEvent:
 
 def _attempt(queue: str, row: dict[str, Any]) -> JourneyEvent:
     return JourneyEvent(row["started_at"], "attempt", queue, row["table"], f"{row['outcome']}",
-                        cycle=row["cycle"], attempt=row["attempt"], outcome=row["outcome"],
+                        cycle=row["cycle"], cycle_seq=row.get("cycle_seq"), attempt=row["attempt"],
+                        outcome=row["outcome"],
                         error_type=row.get("error_type"), error_message=row.get("error_message"),
                         run_id=row.get("run_id"))
 
@@ -157,30 +205,33 @@ def _redrives(declaration: Declaration, message_id: str, batches: set[str]) -> l
     return found
 
 
-def _with_moves(events: list[JourneyEvent]) -> list[JourneyEvent]:
+def _with_moves(keyed: list[tuple[Any, JourneyEvent]]) -> list[tuple[Any, JourneyEvent]]:
     """Add the moves that no row records: between the tables of consecutive attempts, and into the
-    table a redrive took the message from."""
-    timeline = sorted(events, key=lambda e: (e.at is None, e.at, _ORDER.get(e.kind, 9)))
-    moves: list[JourneyEvent] = []
-    last: JourneyEvent | None = None  # the last attempt not yet followed by evidence of where it went
-    for event in timeline:
+    table a redrive took the message from (timed at the attempt after which its cycle routed it)."""
+    out: list[tuple[Any, JourneyEvent]] = []
+    last: tuple[Any, JourneyEvent] | None = None  # the last attempt not yet followed by where it went
+    for key, event in keyed:
         if event.kind == "attempt":
-            if last is not None and (last.queue, last.table) != (event.queue, event.table):
-                moves.append(_move(last, event.table))
-            last = event
+            if last is not None and (last[1].queue, last[1].table) != (event.queue, event.table):
+                out.append(_move(last, event.table))
+            last = (key, event)
         elif event.kind == "redriven":
-            if last is not None and last.table != event.from_table:
-                moves.append(_move(last, event.from_table))
+            if last is not None and last[1].table != event.from_table:
+                out.append(_move(last, event.from_table))
             last = None
         elif event.kind in ("poisoned", "dead_lettered", "quarantined", "waiting", "processed", "dropped",
                             "duplicate"):
-            last = None  # the row itself records when it arrived
-    return events + moves
+            last = None  # the row itself records where it went
+        out.append((key, event))
+    out.sort(key=lambda pair: pair[0])
+    return out
 
 
-def _move(attempt: JourneyEvent, to: str | None) -> JourneyEvent:
-    return JourneyEvent(attempt.at, "moved", attempt.queue, to, f"moved from {attempt.table} to {to}",
-                        cycle=attempt.cycle, run_id=attempt.run_id, from_table=attempt.table, inferred=True)
+def _move(attempt: tuple[Any, JourneyEvent], to: str | None) -> tuple[Any, JourneyEvent]:
+    key, a = attempt
+    event = JourneyEvent(a.at, "moved", a.queue, to, f"moved from {a.table} to {to}", cycle=a.cycle,
+                         cycle_seq=a.cycle_seq, run_id=a.run_id, from_table=a.table, inferred=True)
+    return (key[0], key[1], _ORDER["moved"]), event
 
 
 def format_history(journey: Journey) -> str:
