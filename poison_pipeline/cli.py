@@ -38,10 +38,12 @@ from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.domain.policy import Policy
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.actions import default_actor, format_actions, list_actions
+from poison_pipeline.operations.edit import EditError, EditNotFound, edit, format_edit
 from poison_pipeline.operations.enable import enable
 from poison_pipeline.operations.end_conversation import end_conversation_by_operator
 from poison_pipeline.operations.groups import failure_groups, groups_table
-from poison_pipeline.operations.inspect_message import format_inspection, inspect_message
+from poison_pipeline.operations.history import format_history, history
+from poison_pipeline.operations.inspect_message import AsOfError, format_inspection, inspect_message
 from poison_pipeline.operations.redrive import RedriveError, format_redrive, redrive
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.operations.status import format_status, format_time, queue_status
@@ -215,18 +217,77 @@ def _groups(args: argparse.Namespace) -> int:
         console.print(groups_table(groups))
     return EXIT_OK
 
+def _as_of(text: str) -> int | datetime:
+    if text.isdigit():
+        return int(text)
+    try:
+        return _moment(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a table version (a number) nor an ISO 8601 "
+                                         "time (e.g. 2026-11-22T10:00Z)") from None
+
 
 def _inspect(args: argparse.Namespace) -> int:
     declaration = _declaration(args)
-    found = inspect_message(declaration, args.message_id)
+    if args.queue is not None:
+        _check_queue(declaration, args.queue)
+    try:
+        found = inspect_message(declaration, args.message_id, args.as_of, args.queue, args.table)
+    except AsOfError as error:
+        raise UsageError(str(error)) from None
     if found is None:
+        when_ = "" if args.as_of is None else f" as of {args.as_of}"
         print(f"{PROG} inspect: message {args.message_id!r} is in no table of queues "
-              f"{', '.join(declaration.queues)}", file=sys.stderr)
+              f"{', '.join(declaration.queues)}{when_}", file=sys.stderr)
         return EXIT_INCOMPLETE
     if args.json:
         _print_json(asdict(found))
     else:
         print(format_inspection(found, datetime.now(UTC), stacks=args.stack))
+    return EXIT_OK
+
+
+def _header(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--header {text!r}: write it as KEY=VALUE")
+    return key, value
+
+
+def _edit(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    try:
+        body = Path(args.body_file).read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"--body-file {args.body_file}: no such file") from None
+    except OSError as error:
+        raise UsageError(f"--body-file {args.body_file}: {error.strerror}") from None
+    try:
+        result = edit(declaration, args.message_id, body, dict(args.header or []), queue=args.queue,
+                      source=args.source, edit_id=args.id, actor=args.actor)
+    except EditError as error:
+        raise UsageError(str(error)) from None
+    except EditNotFound as error:
+        print(f"{PROG} edit: {error}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    if args.json:
+        _print_json(asdict(result))
+    else:
+        print(format_edit(result))
+    return EXIT_OK
+
+
+def _history(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    journey = history(declaration, args.message_id)
+    if not journey.events:
+        print(f"{PROG} history: message {args.message_id!r} is in no table of queues "
+              f"{', '.join(declaration.queues)}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    if args.json:
+        _print_json(asdict(journey))
+    else:
+        print(format_history(journey))
     return EXIT_OK
 
 
@@ -468,6 +529,46 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("message_id", metavar="MESSAGE_ID", help="the message's message_id")
     sub.add_argument("--json", action="store_true", help="print JSON instead of text")
     sub.add_argument("--stack", action="store_true", help="also print the stack trace of every error")
+    sub.add_argument("--as-of", metavar="VERSION|TIME", type=_as_of, default=None,
+                     help="show the copy a table held then (Delta time travel): a version of --table, or "
+                          "an ISO 8601 time (every table as it was then)")
+    sub.add_argument("--table", metavar="TABLE", default=None,
+                     help="only this table (inbound, retry_k, poison, dead_letter, quarantine, processed, "
+                          "attempts); required with --as-of VERSION")
+    sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only this queue")
+
+    sub = command(
+        "edit", "replace a failed message's body (and headers) and send it back to its inbound",
+        "Replace the body of MESSAGE_ID, found in its queue's poison, dead_letter or quarantine\n"
+        "table, with the bytes of --body-file (checked against the message's encoding and the\n"
+        "queue's max_body_bytes; refused, with nothing changed, if invalid), set any --header, and\n"
+        "redrive that one message to its queue's inbound. The edit is recorded in the actions\n"
+        "ledger and, with the original and new body and headers, in the queue's edits table\n"
+        "(shown by inspect and history). Killed and run again with the same arguments (or --id), it\n"
+        "completes without writing anything twice; run again after it completed, it changes nothing.",
+        _edit,
+    )
+    sub.add_argument("message_id", metavar="MESSAGE_ID", help="the failed message's message_id")
+    sub.add_argument("--body-file", metavar="FILE", required=True, help="the new body, as raw bytes")
+    sub.add_argument("--header", metavar="K=V", type=_header, action="append",
+                     help="set a header (repeatable); the other headers are kept")
+    sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only look in this queue")
+    sub.add_argument("--from", dest="source", choices=FAILURE_TABLES, default=None,
+                     help="only look in this table")
+    sub.add_argument("--id", metavar="ID", help="the edit's id (resume or repeat it)")
+    sub.add_argument("--actor", metavar="NAME", default=default_actor(), help="who (recorded)")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    sub = command(
+        "history", "one timeline of everything that happened to a message",
+        "Show the journey of MESSAGE_ID across every queue, oldest first: enqueued, each attempt\n"
+        "(with its error and run id), each move between tables, dead-lettering, quarantine,\n"
+        "redrives and edits (with their action ids), processing and purge. Reads the tables only;\n"
+        "changes nothing.",
+        _history,
+    )
+    sub.add_argument("message_id", metavar="MESSAGE_ID", help="the message's message_id")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     sub = command(
         "enable", "re-enable a disabled queue (recorded with who, when and why)",

@@ -16,11 +16,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.operations.status import format_time
-from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
+from poison_pipeline.storage.tables import ATTEMPTS, EDITS, QueueTables
 
 # Enough to read any realistic body; beyond it an operator wants a file, not a terminal.
 DISPLAY_LIMIT = 64 * 1024
@@ -89,38 +91,103 @@ class AttemptView:
 
 
 @dataclass(frozen=True)
+class EditView:
+    """An operator's edit of the message (`edit`): the original body is kept here."""
+
+    edit_id: str
+    queue: str
+    source_table: str
+    actor: str
+    at: datetime
+    encoding: str | None
+    original_body: bytes
+    new_body: bytes
+    original_headers: dict[str, str]
+    new_headers: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Inspection:
     message_id: str
     locations: tuple[Location, ...]
     envelope: EnvelopeView
     attempts: tuple[AttemptView, ...]
+    edits: tuple[EditView, ...] = ()
+    # With `as_of`: the point in time or the table version shown (Delta time travel), else None.
+    as_of: str | None = None
 
 
-def inspect_message(declaration: Declaration, message_id: str) -> Inspection | None:
+class AsOfError(ValueError):
+    """A time-travel point a table cannot be read at (no such version, or before the table existed)."""
+
+
+AsOf = int | datetime | None
+
+
+def inspect_message(declaration: Declaration, message_id: str, as_of: AsOf = None,
+                    queue: str | None = None, table: str | None = None) -> Inspection | None:
     """Find `message_id` in every queue's waiting tables, dead-letter, quarantine and processed
-    ledger; None when no table holds it."""
+    ledger; None when no table holds it. With `as_of` (a table version, which needs `table`, or a
+    time), each table is read as it was then (Delta time travel); tables that did not exist yet
+    are skipped. `queue` and `table` narrow the search."""
+    if isinstance(as_of, int) and table is None:
+        raise AsOfError("--as-of VERSION needs --table: each table has its own versions")
     locations: list[Location] = []
     bodies: list[dict[str, Any]] = []
     attempts: list[AttemptView] = []
-    for queue in declaration.queues:
-        tables = QueueTables.of(declaration, queue)
-        for table in (*tables.waiting, DEAD_LETTER, QUARANTINE, PROCESSED):
-            for row in _rows(tables, table, message_id):
-                locations.append(_location(queue, table, row))
+    edits: list[EditView] = []
+    for name in [queue] if queue else list(declaration.queues):
+        tables = QueueTables.of(declaration, name)
+        for place in (*tables.waiting, DEAD_LETTER, QUARANTINE, PROCESSED):
+            if table is not None and place != table:
+                continue
+            for row in _rows(tables, place, message_id, as_of):
+                locations.append(_location(name, place, row))
                 bodies.append(row)
-        attempts.extend(_attempt(queue, row) for row in _rows(tables, ATTEMPTS, message_id))
-    if not locations and not attempts:
+        if table is None or table == ATTEMPTS:
+            attempts.extend(_attempt(name, row) for row in _rows(tables, ATTEMPTS, message_id, as_of))
+        if as_of is None:
+            edits.extend(_edit(row) for row in _rows(tables, EDITS, message_id))
+    if not locations and not attempts and not edits:
         return None
     attempts.sort(key=lambda a: (a.started_at is None, a.started_at, a.cycle_seq or 0, a.attempt))
-    return Inspection(message_id, tuple(locations), _envelope(bodies), tuple(attempts))
+    edits.sort(key=lambda e: (e.at, e.edit_id))
+    shown = None if as_of is None else (f"version {as_of} of {table}" if isinstance(as_of, int)
+                                        else as_of.isoformat())
+    return Inspection(message_id, tuple(locations), _envelope(bodies), tuple(attempts), tuple(edits), shown)
 
 
-def _rows(tables: QueueTables, table: str, message_id: str) -> list[dict[str, Any]]:
+def _at(tables: QueueTables, table: str, as_of: AsOf) -> DeltaTable | None:
+    if isinstance(as_of, int):
+        try:
+            return DeltaTable(tables.uri(table), version=as_of, storage_options=tables.storage_options)
+        except DeltaError:
+            latest = tables.open(table).version()
+            raise AsOfError(f"--as-of {as_of}: {tables.queue}/{table} has versions 0 to {latest} "
+                            "(older ones may have been vacuumed)") from None
+    target = tables.open(table)
+    if as_of is not None:
+        try:
+            target.load_as_version(as_of)
+        except DeltaError:
+            return None  # the table did not exist yet then
+    return target
+
+
+def _rows(tables: QueueTables, table: str, message_id: str, as_of: AsOf = None) -> list[dict[str, Any]]:
     if not tables.exists(table):
         return []
-    dataset = tables.open(table).to_pyarrow_dataset()
-    found: pa.Table = dataset.to_table(filter=pads.field("message_id") == message_id)
+    target = _at(tables, table, as_of)
+    if target is None:
+        return []
+    found: pa.Table = target.to_pyarrow_dataset().to_table(filter=pads.field("message_id") == message_id)
     return found.to_pylist()
+
+
+def _edit(row: dict[str, Any]) -> EditView:
+    return EditView(row["edit_id"], row["queue"], row["source_table"], row["actor"], row["at"], row["encoding"],
+                    row["original_body"], row["new_body"], dict(row["original_headers"] or []),
+                    dict(row["new_headers"] or []))
 
 
 def _error(row: dict[str, Any], prefix: str) -> ErrorView | None:
@@ -266,7 +333,7 @@ def _error_text(error: ErrorView | None, stacks: bool, indent: str) -> list[str]
 
 def format_inspection(found: Inspection, now: datetime, stacks: bool = False) -> str:
     env = found.envelope
-    lines = [f"message {found.message_id}"]
+    lines = [f"message {found.message_id}" + (f" as of {found.as_of}" if found.as_of else "")]
     if len(found.locations) > 1:
         lines.append(f"  ! found in {len(found.locations)} places (expected one)")
     for place in found.locations:
@@ -300,6 +367,11 @@ def format_inspection(found: Inspection, now: datetime, stacks: bool = False) ->
             f"  {a.outcome}" + (f"  {a.duration_ms:.0f}ms" if a.duration_ms is not None else "")
         )
         lines.extend(_error_text(a.error, stacks, "      "))
+    for e in found.edits:
+        lines.append(f"  edited {format_time(e.at)} by {e.actor} ({e.edit_id}, in {e.queue}/{e.source_table}); "
+                     "original body:")
+        original = render_body(e.original_body, e.encoding)
+        lines.extend(f"    {line}" for line in original.text.splitlines() or [""])
     return "\n".join(lines)
 
 

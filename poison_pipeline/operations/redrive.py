@@ -12,6 +12,8 @@ A redrive has an id (given, or derived from its arguments). It runs under the so
 
 Redriven messages keep their message id; their per-cycle counts (abort, move) start afresh so the
 whole policy applies again, while the lifetime totals are kept and `redrive_count` goes up by one.
+A redrive may replace the body and headers of messages it sends back (`replace`: what `edit` does);
+the replacement is part of the plan, so a replay sends exactly the same bytes.
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ class RedriveError(ValueError):
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """What an edited message is sent back with instead of its failed body and headers."""
+
+    body: bytes
+    headers: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class RedriveRequest:
     queue: str
     source: str
@@ -57,10 +67,15 @@ class RedriveRequest:
     rate: float | None = None  # messages per second released to the target
     limit: int | None = None
     force: bool = False  # past the loop guard (policy max_redrives)
+    replace: tuple[tuple[str, Replacement], ...] = ()  # message id -> its new body and headers
 
     def arguments(self) -> dict[str, Any]:
-        return {"queue": self.queue, "from": self.source, "to": self.to, "selection": self.selection.arguments(),
-                "rate": self.rate, "limit": self.limit, "force": self.force}
+        arguments = {"queue": self.queue, "from": self.source, "to": self.to,
+                     "selection": self.selection.arguments(), "rate": self.rate, "limit": self.limit,
+                     "force": self.force}
+        if self.replace:
+            arguments["replaced"] = sorted(mid for mid, _ in self.replace)
+        return arguments
 
     def default_id(self) -> str:
         digest = hashlib.sha256(json.dumps(self.arguments(), sort_keys=True).encode()).hexdigest()
@@ -91,11 +106,15 @@ class RedriveResult:
 def redrive(declaration: Declaration, queue: str, source: str, selection: Selection | None = None, *,
             to: str | None = None, dry_run: bool = False, rate: float | None = None, limit: int | None = None,
             redrive_id: str | None = None, force: bool = False, actor: str | None = None,
-            run_id: str = "manual", now: datetime | None = None) -> RedriveResult:
+            run_id: str = "manual", now: datetime | None = None,
+            replace: dict[str, Replacement] | None = None) -> RedriveResult:
     """Send the selected failed messages of `queue`'s `source` table to the inbound of `to` (default:
-    `queue`). Raises RedriveError or SelectionError, before anything is written, for a bad request."""
+    `queue`). Raises RedriveError or SelectionError, before anything is written, for a bad request.
+    `replace` gives new bodies and headers by message id (what `edit` does); an edit calls it
+    holding the queue's lease already, which the same thread re-enters."""
+    replacements = tuple(sorted((replace or {}).items()))
     request = _checked(declaration, RedriveRequest(queue, source, to or queue, selection or Selection(),
-                                                   rate, limit, force))
+                                                   rate, limit, force, replacements))
     redrive_id = redrive_id or request.default_id()
     tables = QueueTables.of(declaration, queue)
     if dry_run:
@@ -195,8 +214,20 @@ def _as_inbound(rows: pa.Table, request: RedriveRequest, redrive_id: str, now: d
     reasons = rows["reason"].to_pylist() if "reason" in rows.column_names else [None] * rows.num_rows
     groups = [group_id(group_key(signature, reason))
               for signature, reason in zip(rows["last_error_signature"].to_pylist(), reasons, strict=True)]
+    if request.replace:
+        inbound = _replaced(inbound, dict(request.replace))
     return inbound.append_column("source_batch_id", rows["batch_id"]).append_column(
         "chunk", pa.array(chunks, pa.int32())).append_column("group", pa.array(groups, pa.string()))
+
+
+def _replaced(rows: pa.Table, replace: dict[str, Replacement]) -> pa.Table:
+    ids = rows["message_id"].to_pylist()
+    bodies = [replace[m].body if m in replace else b for m, b in zip(ids, rows["body"].to_pylist(), strict=True)]
+    headers = [list(replace[m].headers) if m in replace else h
+               for m, h in zip(ids, rows["headers"].to_pylist(), strict=True)]
+    rows = rows.set_column(rows.schema.get_field_index("body"), "body", pa.array(bodies, pa.binary()))
+    return rows.set_column(rows.schema.get_field_index("headers"), "headers",
+                           pa.array(headers, rows.schema.field("headers").type))
 
 
 def _plan_uri(tables: QueueTables, redrive_id: str) -> str:

@@ -152,6 +152,26 @@ ACTIONS = pa.schema(
     ]
 )
 
+# Operator edits (`poison-pipeline edit`): one row per edit of a failed message's body or headers,
+# keeping the original beside the new, written before the edited message is redriven.
+EDITS = pa.schema(
+    [
+        pa.field("edit_id", pa.string()),  # also the id of its action in the actions ledger
+        pa.field("message_id", pa.string()),
+        pa.field("queue", pa.string()),
+        pa.field("source_table", pa.string()),  # poison, dead_letter or quarantine
+        pa.field("source_batch_id", pa.string()),
+        pa.field("redrive_id", pa.string()),  # the redrive that sent the edited message back
+        pa.field("actor", pa.string()),
+        pa.field("at", TS),
+        pa.field("encoding", pa.string()),
+        pa.field("original_body", pa.binary()),
+        pa.field("new_body", pa.binary()),
+        pa.field("original_headers", pa.map_(pa.string(), pa.string())),
+        pa.field("new_headers", pa.map_(pa.string(), pa.string())),
+    ]
+)
+
 # The sender's transmission queue: sent messages waiting until their target queue accepts them.
 TRANSMISSION = pa.schema(
     [pa.field("target_queue", pa.string())]

@@ -1,0 +1,260 @@
+"""`edit`: replace a failed message's body (and headers) and redrive that one message.
+
+The message is found in its queue's poison, dead_letter or quarantine table. The new body is checked
+against the message's encoding and the queue's `max_body_bytes` before anything is written. Then,
+under the queue's lease:
+
+1. the edit is recorded `planned` in the actions ledger (its id is the edit id);
+2. one row is appended to the queue's `edits` table (who, when, original and new body and headers),
+   under the app transaction of the edit id, so a replay never writes it twice;
+3. the message is redriven (operations/redrive.py, one code path for moving messages) with the new
+   body and headers, under the redrive id `<edit id>-redrive`: its plan, appends and removal are
+   resumable as any redrive's;
+4. the edit is recorded `done`.
+
+An edit has an id (given, or derived from the message id, the queue, the new body and headers): killed
+at any step and run again with the same arguments, it completes without writing anything twice; run
+again after it completed, it changes nothing. The original body stays in `edits`, readable through
+`inspect` and `history`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.envelope import EnvelopeError, check_body
+from poison_pipeline.domain.routing import INBOUND
+from poison_pipeline.operations.actions import DONE, begin_action, default_actor, find_action, finish_action
+from poison_pipeline.operations.redrive import Replacement, redrive
+from poison_pipeline.operations.selection import FAILURE_TABLES, Selection
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.tables import EDITS, QueueTables
+
+
+class EditError(ValueError):
+    """An edit refused as asked (a body its encoding cannot be, a bad header, an ambiguous message);
+    the message names the problem. Nothing was written."""
+
+
+class EditNotFound(LookupError):  # noqa: N818 - the name says what the operator sees
+    """The message is in no poison, dead_letter or quarantine table (or in none of the queue given)."""
+
+
+@dataclass
+class EditResult:
+    edit_id: str
+    message_id: str
+    queue: str
+    source: str
+    redrive_id: str
+    actor: str
+    encoding: str | None
+    original_body: bytes | None
+    new_body: bytes
+    original_headers: dict[str, str] = field(default_factory=dict)
+    new_headers: dict[str, str] = field(default_factory=dict)
+    moved: int = 0
+    already_done: bool = False  # this edit id completed before: nothing changed now
+    action_id: str | None = None
+
+
+def _default_id(message_id: str, queue: str | None, body: bytes, headers: dict[str, str]) -> str:
+    key = {"message_id": message_id, "queue": queue, "body_sha256": hashlib.sha256(body).hexdigest(),
+           "headers": sorted(headers.items())}
+    return "edit-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _check_headers(headers: dict[str, str]) -> None:
+    for key, value in headers.items():
+        if not isinstance(key, str) or not key.strip():
+            raise EditError(f"--header {key!r}={value!r}: the header name is empty")
+        if not isinstance(value, str):
+            raise EditError(f"--header {key}: the value must be a string")
+
+
+def _rows(tables: QueueTables, table: str, message_id: str) -> list[dict[str, Any]]:
+    if not tables.exists(table):
+        return []
+    found: pa.Table = tables.open(table).to_pyarrow_dataset().to_table(
+        filter=pads.field("message_id") == message_id)
+    return found.to_pylist()
+
+
+def _failed_copies(declaration: Declaration, message_id: str, queue: str | None,
+                   source: str | None) -> list[tuple[str, str, dict[str, Any]]]:
+    found = []
+    for name in [queue] if queue else list(declaration.queues):
+        tables = QueueTables.of(declaration, name)
+        for table in [source] if source else FAILURE_TABLES:
+            found += [(name, table, row) for row in _rows(tables, table, message_id)]
+    return found
+
+
+def _recorded_edit(declaration: Declaration, edit_id: str, queue: str | None) -> tuple[str, Any] | None:
+    for name in [queue] if queue else list(declaration.queues):
+        action = find_action(QueueTables.of(declaration, name), edit_id)
+        if action is not None:
+            return name, action
+    return None
+
+
+def edit(declaration: Declaration, message_id: str, body: bytes, headers: dict[str, str] | None = None, *,
+         queue: str | None = None, source: str | None = None, edit_id: str | None = None,
+         actor: str | None = None, run_id: str = "manual", now: datetime | None = None) -> EditResult:
+    """Replace the body of failed message `message_id` (and set `headers`, kept otherwise) and send it
+    back to its queue's inbound. Raises EditError (bad input) or EditNotFound before writing anything."""
+    given = dict(headers or {})
+    _check_headers(given)
+    if queue is not None and queue not in declaration.queues:
+        raise EditError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
+    if source is not None and source not in FAILURE_TABLES:
+        raise EditError(f"--from {source!r}: choose poison, dead_letter or quarantine")
+    edit_id = edit_id or _default_id(message_id, queue, body, given)
+    actor = actor or default_actor()
+    copies = _failed_copies(declaration, message_id, queue, source)
+    recorded = _recorded_edit(declaration, edit_id, queue)
+    if recorded is not None:
+        name, action = recorded
+        return _resume_or_done(declaration, name, action, message_id, body, given, actor, run_id, now)
+    if not copies:
+        raise EditNotFound(_not_found(declaration, message_id, queue, source))
+    if len(copies) > 1:
+        where = ", ".join(f"{q}/{t}" for q, t, _ in copies)
+        raise EditError(f"message {message_id!r} is in {len(copies)} failure tables ({where}): "
+                        "name one with --queue and --from")
+    name, table, row = copies[0]
+    _validate(declaration, name, message_id, body, row["encoding"])
+    new_headers = {**dict(row.get("headers") or []), **given}
+    probe = redrive(declaration, name, table, Selection(ids=(message_id,)), dry_run=True, force=True,
+                    redrive_id=f"{edit_id}-redrive", replace={message_id: _replacement(body, new_headers)})
+    if probe.moved == 0:
+        raise EditError(f"message {message_id!r} was already processed by queue {name!r} (its processed "
+                        f"ledger): the copy in {name}/{table} is not sent back")
+    return _run(declaration, name, table, message_id, body, given, edit_id, actor, run_id, now)
+
+
+def _replacement(body: bytes, headers: dict[str, str]) -> Replacement:
+    return Replacement(body, tuple(sorted(headers.items())))
+
+
+def _validate(declaration: Declaration, queue: str, message_id: str, body: bytes, encoding: str | None) -> None:
+    limit = declaration.queue(queue).policy.max_body_bytes
+    try:
+        check_body(body, encoding or "empty", limit)
+    except EnvelopeError as error:
+        raise EditError(f"message {message_id!r} has encoding {encoding!r}: the new {error}") from None
+
+
+def _not_found(declaration: Declaration, message_id: str, queue: str | None, source: str | None) -> str:
+    from poison_pipeline.operations.inspect_message import inspect_message  # reads every table: when needed
+
+    where = f"{queue}/{source or 'poison, dead_letter or quarantine'}" if queue else \
+        f"the poison, dead_letter or quarantine table of queues {', '.join(declaration.queues)}"
+    found = inspect_message(declaration, message_id)
+    if found is None or not found.locations:
+        return f"message {message_id!r} is not in {where}, nor anywhere else"
+    now = ", ".join(f"{p.queue}/{p.table}" for p in found.locations)
+    return f"message {message_id!r} is not in {where} (it is in {now}): only a failed message can be edited"
+
+
+def _resume_or_done(declaration: Declaration, queue: str, action: Any, message_id: str, body: bytes,
+                    given: dict[str, str], actor: str, run_id: str, now: datetime | None) -> EditResult:
+    source = action.arguments["from"]
+    if action.state == DONE:
+        recorded = _edit_row(QueueTables.of(declaration, queue), action.action_id)
+        result = _result(action.action_id, queue, source, message_id, body, recorded, action.actor)
+        result.already_done, result.action_id = True, action.action_id
+        return result
+    return _run(declaration, queue, source, message_id, body, given, action.action_id, actor, run_id, now)
+
+
+def _edit_row(tables: QueueTables, edit_id: str) -> dict[str, Any] | None:
+    if not tables.exists(EDITS):
+        return None
+    rows = tables.open(EDITS).to_pyarrow_dataset().to_table(filter=pads.field("edit_id") == edit_id).to_pylist()
+    return rows[0] if rows else None
+
+
+def _result(edit_id: str, queue: str, source: str, message_id: str, body: bytes, row: dict[str, Any] | None,
+            actor: str) -> EditResult:
+    row = row or {}
+    return EditResult(edit_id, message_id, queue, source, f"{edit_id}-redrive", row.get("actor") or actor,
+                      row.get("encoding"), row.get("original_body"), body,
+                      dict(row.get("original_headers") or []), dict(row.get("new_headers") or []))
+
+
+def _run(declaration: Declaration, queue: str, source: str, message_id: str, body: bytes,
+         given: dict[str, str], edit_id: str, actor: str, run_id: str, now: datetime | None) -> EditResult:
+    tables = QueueTables.of(declaration, queue)
+    tables.ensure()
+    redrive_id = f"{edit_id}-redrive"
+    touched = [(tables, EDITS), (tables, source), (tables, INBOUND)]
+    with tables.lease("edit", run_id):
+        action = find_action(tables, edit_id)
+        if action is not None and action.state == DONE:  # another run completed it meanwhile
+            return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now)
+        row = _edit_row(tables, edit_id)
+        if row is None:
+            failed = _rows(tables, source, message_id)
+            if not failed:
+                raise EditNotFound(f"message {message_id!r} left {queue}/{source} before edit {edit_id} "
+                                   "recorded it; nothing was changed")
+            original = failed[0]
+            _validate(declaration, queue, message_id, body, original["encoding"])
+            at = now or datetime.now(UTC)
+            row = {"edit_id": edit_id, "message_id": message_id, "queue": queue, "source_table": source,
+                   "source_batch_id": original["batch_id"], "redrive_id": redrive_id, "actor": actor, "at": at,
+                   "encoding": original["encoding"], "original_body": original["body"], "new_body": body,
+                   "original_headers": list(dict(original.get("headers") or []).items()),
+                   "new_headers": list({**dict(original.get("headers") or []), **given}.items())}
+            if action is None:
+                arguments = {"message_id": message_id, "from": source, "to": queue, "redrive_id": redrive_id,
+                             "body_bytes": len(body), "body_sha256": hashlib.sha256(body).hexdigest(),
+                             "headers": given}
+                action = begin_action(tables, "edit", actor, arguments, touched, action_id=edit_id,
+                                      run_id=run_id, now=at)
+            _record(tables, edit_id, row)
+        new_headers = dict(row["new_headers"] or [])
+        moved = redrive(declaration, queue, source, Selection(ids=(message_id,)), redrive_id=redrive_id,
+                        force=True, actor=action.actor, run_id=run_id, now=now,
+                        replace={message_id: _replacement(row["new_body"], new_headers)})
+        done = finish_action(tables, action, {"moved": moved.moved}, touched)
+    result = _result(edit_id, queue, source, message_id, row["new_body"], row, action.actor)
+    result.moved, result.action_id = moved.moved, done.action_id
+    return result
+
+
+def _record(tables: QueueTables, edit_id: str, row: dict[str, Any]) -> None:
+    tables.append(EDITS, pa.Table.from_pylist([row], schema=schemas.EDITS), app_id=f"poison_pipeline/{edit_id}",
+                  version=1)
+
+
+def edits_of(declaration: Declaration, message_id: str) -> list[dict[str, Any]]:
+    """Every recorded edit of a message, in every queue, oldest first."""
+    found = []
+    for name in declaration.queues:
+        found += _rows(QueueTables.of(declaration, name), EDITS, message_id)
+    return sorted(found, key=lambda r: (r["at"], r["edit_id"]))
+
+
+def format_edit(result: EditResult) -> str:
+    if result.already_done:
+        return (f"edit {result.edit_id} of message {result.message_id!r} already completed: nothing changed now "
+                "(give another --id to edit it again)")
+    size = f"{len(result.original_body or b'')} -> {len(result.new_body)} bytes"
+    lines = [f"edit {result.edit_id}: message {result.message_id!r} in {result.queue}/{result.source}: body "
+             f"replaced ({result.encoding}, {size}); sent back to {result.queue}/inbound "
+             f"(redrive {result.redrive_id}, moved {result.moved})"]
+    changed = {k: v for k, v in result.new_headers.items() if result.original_headers.get(k) != v}
+    if changed:
+        lines.append("  headers set: " + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+    lines.append(f"  the original body is kept in {result.queue}/edits (see `inspect` and `history`)")
+    return "\n".join(lines)
