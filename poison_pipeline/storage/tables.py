@@ -32,6 +32,7 @@ NOTIFICATIONS = "notifications"
 CONVERSATIONS = "conversations"
 TRANSMISSION = "transmission"
 ACTIONS = "actions"
+PURGED = "purged"
 # delta-rs would write a million-row append as one row group, and Spark cannot split a row group:
 # the whole batch would be one task on one core. Smaller groups let a cycle use every core.
 _WRITER = WriterProperties(max_row_group_size=65_536)
@@ -50,6 +51,7 @@ def schema_of(table: str) -> pa.Schema:
         CONVERSATIONS: schemas.CONVERSATIONS,
         TRANSMISSION: schemas.TRANSMISSION,
         ACTIONS: schemas.ACTIONS,
+        PURGED: schemas.PURGED,
     }[table]
 
 
@@ -60,7 +62,7 @@ def _quoted(value: str) -> str:
 # The column that says when a row arrived in each table: the age of its oldest entry.
 _ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at",
             ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at", CONVERSATIONS: "at",
-            TRANSMISSION: "enqueued_at", ACTIONS: "at"}
+            TRANSMISSION: "enqueued_at", ACTIONS: "at", PURGED: "purged_at"}
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class QueueTables:
     @property
     def all_tables(self) -> tuple[str, ...]:
         return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
-                CONVERSATIONS, TRANSMISSION, ACTIONS)
+                CONVERSATIONS, TRANSMISSION, ACTIONS, PURGED)
 
     def uri(self, table: str) -> str:
         return f"{self.lake_root}/{self.queue}/{table}"
