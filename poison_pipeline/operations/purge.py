@@ -54,6 +54,7 @@ from poison_pipeline.operations.selection import (
     Selection,
     SelectionError,
     check_table,
+    check_where,
     selected,
     selection_filter,
 )
@@ -127,6 +128,7 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
     arguments = {"queue": queue, "table": table, "older_than_seconds": age.total_seconds(),
                  "cutoff": cutoff.isoformat(), "selection": (selection or Selection()).arguments()}
     tables = QueueTables.of(declaration, queue)
+    check_where(tables, table, bounded.where)  # before any table is created or the lease taken
     actor = actor or default_actor()
     if dry_run:
         rows = _ledger_rows(selected(tables, table, bounded), table, purge_id or "dry-run", now)
