@@ -100,7 +100,7 @@ class QueueDeclaration(BaseModel):
     def _retention_tables(cls, value: dict[str, timedelta]) -> dict[str, timedelta]:
         for table, age in value.items():
             if table not in RETENTION_TABLES:
-                raise ValueError(f"retention applies to {', '.join(RETENTION_TABLES)}, not {table!r}")
+                raise ValueError(f"retention applies to poison, dead_letter or quarantine, not {table!r}")
             if age <= timedelta(0):
                 raise ValueError(f"the retention of {table} must be a positive duration (e.g. 30d), not {age}")
         return value

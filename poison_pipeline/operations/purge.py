@@ -234,14 +234,27 @@ def _complete_interrupted(tables: QueueTables, skip: str | None) -> list[str]:
 
 
 def _finish_interrupted(tables: QueueTables, action: Action) -> pa.Table:
-    rows = _read_plan(_plan_uri(tables, action.action_id))
-    if rows is None:  # killed before its plan was written: it deleted nothing
-        rows = schemas.PURGED.empty_table()
-        finish_action(tables, action, {"selected": 0, "purged": 0, "interrupted_before_plan": True},
-                      _touched(tables, action.arguments["table"]))
-        return rows
+    uri = _plan_uri(tables, action.action_id)
+    rows = _read_plan(uri)
+    if rows is None:  # killed before its plan was written: it deleted nothing; plan it as recorded
+        args = action.arguments
+        bounded = Selection(**{**_selection_of(args["selection"]).__dict__,
+                               "failed_before": datetime.fromisoformat(args["cutoff"])})
+        rows = _ledger_rows(selected(tables, args["table"], bounded), args["table"], action.action_id, action.at)
+        _write_plan(uri, rows)
     _commit(tables, action, rows)
     return rows
+
+
+def _selection_of(arguments: dict[str, Any]) -> Selection:
+    """The Selection that `Selection.arguments()` recorded."""
+    values: dict[str, Any] = dict(arguments)
+    for moment in ("failed_after", "failed_before"):
+        if moment in values:
+            values[moment] = datetime.fromisoformat(values[moment])
+    if "ids" in values:
+        values["ids"] = tuple(values["ids"])
+    return Selection(**values)
 
 
 def _resume(tables: QueueTables, action: Action) -> PurgeResult:
