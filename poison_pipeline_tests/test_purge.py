@@ -7,6 +7,9 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import signal
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -272,3 +275,25 @@ def test_the_cli_confirms_refuses_without_a_terminal_and_prints_stable_json(lake
         args = [*run[:-2], *bad] if bad[0] == "--older-than" else [*run, *bad]
         assert cli.main([*args, "--yes"]) == cli.EXIT_USAGE
         assert expected in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_real_kill_9_after_each_durable_step_and_the_next_purge_completes_it(lake, tmp_path, step):
+    declaration, _ = lake
+    now = datetime.now(UTC) + LATER
+    killed = subprocess.run([sys.executable, "-m", "poison_pipeline_tests.purge_process",
+                             _config(declaration, tmp_path), step, now.isoformat()],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    # The next purge of the queue, whatever it asks, completes p1 first (the lease the killed process
+    # held was released by nobody: it waits out lease.expiry, shortened here).
+    quick = declaration.model_copy(update={"lease": declaration.lease.model_copy(
+        update={"expiry": timedelta(seconds=1)})})
+    other = purge(quick, "q", "quarantine", "30d", now=now)
+    # Killed after it was recorded done, it has nothing left to complete.
+    assert other.purged == 3 and other.resumed == ([] if step == "finish" else ["p1"])
+    assert ids(declaration, "poison") == ["new-2"]
+    ledger = sorted(r["message_id"] for r in rows(declaration, "purged") if r["from_table"] == "poison")
+    assert ledger == ["new-0", "new-1"]
+    assert find_action(QueueTables.of(declaration, "q"), "p1").state == DONE
+    balanced(declaration)
