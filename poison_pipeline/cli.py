@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from deltalake.exceptions import DeltaError
+from rich.console import Console
 
 from poison_pipeline.broker.conversations import (
     CONVERSATION_ENDED,
@@ -36,15 +37,18 @@ from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, Declarat
 from poison_pipeline.domain.durations import parse_duration
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.domain.policy import Policy
+from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.actions import default_actor, format_actions, list_actions
 from poison_pipeline.operations.enable import enable
 from poison_pipeline.operations.end_conversation import end_conversation_by_operator
+from poison_pipeline.operations.groups import failure_groups, groups_table
 from poison_pipeline.operations.inspect_message import format_inspection, inspect_message
 from poison_pipeline.operations.purge import PurgeError, PurgeResult, format_purge, purge
 from poison_pipeline.operations.purge import result_json as purge_json
 from poison_pipeline.operations.redrive import RedriveError, format_redrive, redrive
-from poison_pipeline.operations.selection import FAILURE_TABLES, Selection, SelectionError
+from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.operations.status import format_status, format_time, queue_status
+from poison_pipeline.operations.undo import UndoError, undo
 from poison_pipeline.storage.control import StateNotRecorded
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.lease import LeaseHeld
@@ -195,6 +199,26 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _groups(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    if args.queue is not None:
+        _check_queue(declaration, args.queue)
+    now = datetime.now(UTC)
+    groups = failure_groups(declaration, args.queue, args.table)
+    if args.json:
+        _print_json({"checked_at": now, "groups": [asdict(g) for g in groups]})
+    elif not groups:
+        tables = args.table or ", ".join(FAILURE_TABLES)
+        queues = repr(args.queue) if args.queue else ", ".join(declaration.queues)
+        print(f"no failures: {tables} of queue(s) {queues} hold no message")
+    else:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console.width = 160  # piped or redirected: no terminal to fit, keep lines whole
+        console.print(groups_table(groups))
+    return EXIT_OK
+
+
 def _inspect(args: argparse.Namespace) -> int:
     declaration = _declaration(args)
     found = inspect_message(declaration, args.message_id)
@@ -328,6 +352,26 @@ def _nothing_to_purge(args: argparse.Namespace, result: PurgeResult) -> int:
     return EXIT_INCOMPLETE
 
 
+def _undo(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    try:
+        result = undo(declaration, args.action_id, actor=args.actor)
+    except UndoError as error:
+        raise UsageError(str(error)) from None
+    if args.json:
+        _print_json(asdict(result))
+    elif result.already_undone:
+        print(f"action {args.action_id} was undone already: nothing changed")
+    else:
+        print(f"undid {result.kind} {args.action_id} by {result.how} ({result.undo_id}): "
+              f"{result.restored} message(s) back where they were")
+        if result.unrecoverable:
+            named = ", ".join(result.unrecoverable[:10]) + (" ..." if len(result.unrecoverable) > 10 else "")
+            print(f"  {len(result.unrecoverable)} could not be brought back (they moved on since: processed or "
+                  f"failed again): {named}")
+    return EXIT_INCOMPLETE if result.unrecoverable else EXIT_OK
+
+
 def _actions(args: argparse.Namespace) -> int:
     declaration = _declaration(args)
     if args.queue is not None:
@@ -415,8 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Operate poison_pipeline queues: enqueue messages, see their status, inspect a "
-                    "message, end a conversation with an error, re-enable a disabled queue.",
+        description="Operate poison_pipeline queues: enqueue messages, see their status, group the "
+                    "failures, inspect a message, end a conversation with an error, re-enable a "
+                    "disabled queue.",
         epilog=_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -460,6 +505,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only this queue (default: all)")
     sub.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    sub = command(
+        "groups", "failures of poison, dead_letter and quarantine grouped by error signature",
+        "Group the messages in poison, dead_letter and quarantine by error signature: error type,\n"
+        "message with numbers, ids and quoted values blanked (<n>, <id>, <str>) and the innermost\n"
+        "frame of the handler's own code. Messages without an error (expired, conversation\n"
+        "ended) group by their dead-letter reason. Per group: its id (8 characters, stable; the\n"
+        "same failure in two queues or tables has the same id), count, first and last failure\n"
+        "time, message types and three example message ids (the latest). Biggest group first.\n"
+        "Reads narrow columns with delta-rs; changes nothing. Listing no group is a success.",
+        _groups,
+    )
+    sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only this queue (default: all)")
+    sub.add_argument("--table", "-t", choices=FAILURE_TABLES, default=None,
+                     help="only this table (default: all three)")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     sub = command(
         "inspect", "show one message: where it is, counts, body and every attempt",
@@ -529,6 +590,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection_arguments(sub)
     sub.add_argument("--yes", "-y", action="store_true", help="delete without asking")
     sub.add_argument("--id", metavar="ID", help="the purge's id (resume it after a kill)")
+    sub.add_argument("--actor", metavar="NAME", default=default_actor(), help="who (recorded)")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    sub = command(
+        "undo", "reverse a redrive (itself recorded as an action)",
+        "Undo ACTION_ID: when no other commit touched its tables since, restore each to the version it\n"
+        "had before (Delta RESTORE); otherwise move back the messages still where it put them (from\n"
+        "the table as it was before, by Delta time travel) and name those that moved on since.",
+        _undo,
+    )
+    sub.add_argument("action_id", metavar="ACTION_ID", help="an action id from `actions`")
     sub.add_argument("--actor", metavar="NAME", default=default_actor(), help="who (recorded)")
     sub.add_argument("--json", action="store_true", help="print JSON instead of text")
 

@@ -1,5 +1,6 @@
 """`make demo`: 100,000 messages through the example queues, every cycle launched by its sensor,
-then the Service Broker scenarios: conversations in order, an outage, and a resend."""
+then the Service Broker scenarios (conversations in order, an outage, a resend) and an operator
+scene (failure groups, a dry run, a redrive at a rate after a fix)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             "conversations": scenarios.conversations(declaration, driver, received),
             "outage": scenarios.outage(declaration, driver, received),
             "resend": scenarios.resend(declaration, driver, received),
+            "operator": scenarios.operator(declaration, driver, received),
         }
     print(f"\nall done in {time.monotonic() - started:.0f}s\n")
     for story, checks in stories.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -50,3 +51,24 @@ def forwarding(message: Message) -> None:
 
 def accept(message: Message) -> None:
     """Takes any message, bodyless ones included."""
+
+
+PRICES = {"SKU-1": 10}
+
+
+def _parse_payload(text: str) -> object:
+    return json.loads(text)  # a malformed payload fails inside the json module, not here
+
+
+def _price(sku: str) -> int:
+    return PRICES[sku]
+
+
+def two_bugs(message: Message) -> None:
+    """Body `payload`: JSON text the handler parses (malformed: one bug); `sku`: priced from a table
+    (unknown: another bug)."""
+    body = message.json()
+    if "payload" in body:
+        _parse_payload(body["payload"])
+    if "sku" in body:
+        _price(body["sku"])

@@ -15,6 +15,7 @@ from poison_pipeline import cli
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations import redrive as redrive_module
 from poison_pipeline.operations.actions import DONE, PLANNED, find_action
+from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.operations.redrive import RedriveError, redrive
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.storage import schemas
@@ -202,3 +203,17 @@ def test_the_cli_redrives_with_json_and_refuses_bad_input(lake, tmp_path, capsys
     assert "nothing to move: 0 message(s) selected" in capsys.readouterr().err
     assert cli.main([*run, "--error-type", "DependencyDown", "--rate", "50/s"]) == cli.EXIT_OK
     assert "moved 3 of 3 selected" in capsys.readouterr().out
+
+
+def test_a_failure_group_from_groups_selects_what_redrive_moves(lake):
+    declaration, _ = lake
+    groups = {g.error_type.rsplit(".", 1)[-1]: g for g in failure_groups(declaration, "q", "poison")}
+    down = groups["DependencyDown"]
+    assert down.count == 3
+    result = redrive(declaration, "q", "poison", Selection(group=down.id))
+    assert result.moved == 3 and sorted(inbound(declaration)) == ["db-0", "db-1", "db-2"]
+    assert result.by_group == {down.id: 3}
+    before = table_versions(declaration)
+    with pytest.raises(SelectionError, match="--group"):
+        redrive(declaration, "q", "poison", Selection(group="0000beef"))
+    assert table_versions(declaration) == before

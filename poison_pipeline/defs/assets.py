@@ -10,8 +10,9 @@ from poison_pipeline.broker.transmission import transmit
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.defs.resources import SparkResource
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE
+from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.engine.cycle import CycleReport, run_cycle
+from poison_pipeline.operations.groups import FailureGroup, failure_groups
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
 _OUTCOMES = ("processed", "duplicate", "moved", "poisoned", "rejected", "expired", "dropped",
@@ -85,6 +86,28 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
     return cycle
 
 
+def _markdown_cell(text: str) -> str:
+    # <n>, <id>, <str> in normalised messages are text, not HTML tags.
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|").replace("\n", " ")
+
+
+def failure_group_metadata(groups: list[FailureGroup], shown: int = 10) -> dict[str, Any]:
+    """The failure groups of a table (the `groups` command's result): how many, the largest, and
+    the biggest `shown` as a Markdown table."""
+    lines = ["| group | count | last failure | error | top frame |", "| --- | --- | --- | --- | --- |"]
+    for group in groups[:shown]:
+        error = f"{group.error_type}: {group.error_message}" if group.signature is not None \
+            else f"no error: {', '.join(group.reasons)}"
+        last = group.last_failure_at.isoformat() if group.last_failure_at else ""
+        cells = [group.id, str(group.count), last, error, group.top_frame or ""]
+        lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
+    return {
+        "failure_groups": MetadataValue.int(len(groups)),
+        "largest_failure_group": MetadataValue.int(groups[0].count if groups else 0),
+        "failure_groups_top": MetadataValue.md("\n".join(lines) if groups else "no failures"),
+    }
+
+
 def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
     @asset(**_spec(declaration, queue, table, upstream, _DESCRIPTIONS[table]))
     def ledger(context: AssetExecutionContext) -> MaterializeResult:
@@ -93,11 +116,14 @@ def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: li
         now = datetime.now(UTC)
         stats = tables.stats(table, now)
         age = (now - stats.oldest).total_seconds() if stats.oldest else 0.0
-        return MaterializeResult(metadata={
+        metadata = {
             "rows": MetadataValue.int(stats.rows),
             "oldest_age_s": MetadataValue.float(round(age, 3)),
             "delta_version": MetadataValue.int(stats.version),
-        })
+        }
+        if table in FAILURE_TABLES:
+            metadata.update(failure_group_metadata(failure_groups(declaration, queue, table)))
+        return MaterializeResult(metadata=metadata)
 
     return ledger
 

@@ -15,12 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from poison_pipeline.domain.imports import import_callable
 from poison_pipeline.domain.policy import Duration, Ordering, PoisonQueuePolicy, Policy
+from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.handlers import batch_size
 
 _QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 CONFIG_ENV = "POISON_PIPELINE_CONFIG"
 # The tables a declared retention purges: where failed messages stay until someone decides.
-RETENTION_TABLES = ("poison", "dead_letter", "quarantine")
+RETENTION_TABLES = FAILURE_TABLES
 
 
 class DeclarationError(ValueError):

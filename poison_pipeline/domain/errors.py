@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sysconfig
 import traceback
 from dataclasses import dataclass
 
@@ -12,7 +13,9 @@ from poison_pipeline.domain.policy import Unrecoverable
 
 _NUMBERS = re.compile(r"\b\d+(\.\d+)?\b")
 _HEX = re.compile(r"\b[0-9a-fA-F]{8,}(-[0-9a-fA-F]{4,})*\b")
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_QUOTED = re.compile(r"(?<!\w)'[^']*'|\"[^\"]*\"")
+# A word with a digit in it, left once the numbers are blanked: an id such as ORD1234, 0xff, a1b2c3.
+_WITH_DIGIT = re.compile(r"\b\w*\d\w*\b")
 
 
 class HandlerTimeout(Exception):  # noqa: N818 - the name users see in the attempts ledger
@@ -29,10 +32,56 @@ class ErrorInfo:
 
 
 def normalise(message: str) -> str:
-    """A message with its variable parts (ids, numbers, quoted values) blanked, for grouping."""
+    """A message with its variable parts blanked, for grouping: quoted values become <str>, hex ids
+    (8+ hex digits, UUIDs) and words with a digit in them <id>, numbers <n>."""
     text = _HEX.sub("<id>", message)
     text = _QUOTED.sub("<str>", text)
-    return _NUMBERS.sub("<n>", text)[:500]
+    text = _NUMBERS.sub("<n>", text)
+    return _WITH_DIGIT.sub("<id>", text)[:500]
+
+
+def signature_of(kind: str, normalised: str, top_frame: str) -> str:
+    """The signature of a failure: 16 hex digits of sha1(type|normalised message|top frame)."""
+    return hashlib.sha1(f"{kind}|{normalised}|{top_frame}".encode()).hexdigest()[:16]
+
+
+# Whose code a frame is. The signature's top frame is the innermost frame of the handler's own code,
+# not the library the handler called (json, a DB driver), which says where the error surfaced, not
+# which bug it is, nor the pipeline's engine that called the handler (a timeout is raised there).
+_ENGINE = "poison_pipeline"
+_APPLICATION_IN_ENGINE = "poison_pipeline.examples"  # the demo's handlers are application code
+_STDLIB_DIRS = tuple(sorted({sysconfig.get_paths()[k].rstrip("/\\") + "/" for k in ("stdlib", "platstdlib")}))
+_INSTALLED = re.compile(r"[/\\](site|dist)-packages[/\\]")
+
+
+def handler_package(handler: str | None) -> str | None:
+    """The top-level package of a declared handler (`myapp.handlers:withdraw` -> `myapp`)."""
+    if not handler:
+        return None
+    return handler.partition(":")[0].partition(".")[0] or None
+
+
+def is_handler_code(module: str, filename: str, own_package: str | None = None) -> bool:
+    """Whether a frame (its module's `__name__` and file) belongs to the handler's own code.
+
+    Not the standard library, not poison_pipeline's engine (its `examples` are application code),
+    not installed libraries (site-packages, dist-packages), except the handler's own package
+    (`own_package`), which an installed application lives in too."""
+    top = module.partition(".")[0]
+    if top == _ENGINE and module != _APPLICATION_IN_ENGINE and not module.startswith(_APPLICATION_IN_ENGINE + "."):
+        return False
+    if own_package is not None and top == own_package:
+        return True
+    # "<frozen importlib._bootstrap>", "<string>": no file of the handler's.
+    if filename.startswith("<") or _INSTALLED.search(filename):
+        return False
+    return not filename.startswith(_STDLIB_DIRS)
+
+
+def frame_name(filename: str, function: str) -> str:
+    """How a frame appears in a signature: `handlers.py:withdraw_inventory` (no line number, so an
+    edit elsewhere in the file keeps the group)."""
+    return f"{filename.replace(chr(92), '/').rsplit('/', 1)[-1]}:{function}"
 
 
 # Formatting a stack reads source files and parses them for the caret markers: hundreds of
@@ -42,9 +91,23 @@ _SITES: dict[tuple[object, ...], tuple[str, str]] = {}
 _SITES_LIMIT = 4096
 
 
-def _frames(error: BaseException) -> tuple[str, str]:
-    """The formatted traceback header and frames, and the innermost frame as `file:function`."""
-    key: list[object] = [type(error)]
+def _top_frame(error: BaseException, own_package: str | None) -> str:
+    """The innermost frame of the handler's own code as `file:function`; the innermost frame of all
+    when none is (the handler's code is not on the stack), "" without a traceback."""
+    innermost, own = "", ""
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        innermost = frame_name(code.co_filename, code.co_name)
+        if is_handler_code(str(tb.tb_frame.f_globals.get("__name__", "")), code.co_filename, own_package):
+            own = innermost
+        tb = tb.tb_next
+    return own or innermost
+
+
+def _frames(error: BaseException, own_package: str | None = None) -> tuple[str, str]:
+    """The formatted traceback header and frames, and the top frame of the handler's code."""
+    key: list[object] = [type(error), own_package]
     tb = error.__traceback__
     while tb is not None:
         key.append((tb.tb_frame.f_code, tb.tb_lasti))
@@ -53,7 +116,7 @@ def _frames(error: BaseException) -> tuple[str, str]:
     cached = _SITES.get(site)
     if cached is None:
         frames = traceback.extract_tb(error.__traceback__)
-        top = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].name}" if frames else ""
+        top = _top_frame(error, own_package)
         header = "Traceback (most recent call last):\n" if frames else ""
         cached = (header + "".join(frames.format()), top)
         if len(_SITES) >= _SITES_LIMIT:
@@ -69,17 +132,20 @@ def _stack(error: BaseException, frames: str) -> str:
     return frames + "".join(traceback.format_exception_only(error))
 
 
-def describe(error: BaseException) -> ErrorInfo:
+def describe(error: BaseException, own_package: str | None = None) -> ErrorInfo:
+    """Type, message, stack and signature of a failed attempt. The signature groups failures (the
+    `groups` command): type, message with its variable parts blanked (`normalise`), and the
+    innermost frame of the handler's own code (`is_handler_code`; `own_package` is the handler's
+    top-level package, see `handler_package`). Cheap: frames are formatted once per failure site."""
     kind = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
-    frames, top = _frames(error)
+    frames, top = _frames(error, own_package)
     message = str(error)[:4000]
-    key = f"{kind}|{normalise(message)}|{top}"
     code = getattr(error, "code", None)
     return ErrorInfo(
         type=kind,
         message=message,
         stack=_stack(error, frames)[-8000:],
-        signature=hashlib.sha1(key.encode()).hexdigest()[:16],
+        signature=signature_of(kind, normalise(message), top),
         code=None if code is None else str(code),
     )
 
@@ -87,10 +153,16 @@ def describe(error: BaseException) -> ErrorInfo:
 class Classifier:
     """Decides whether an error is unrecoverable or points at an outage; built once per worker."""
 
-    def __init__(self, rule: Unrecoverable, outage_errors: list[str] | None = None) -> None:
+    def __init__(self, rule: Unrecoverable, outage_errors: list[str] | None = None,
+                 handler: str | None = None) -> None:
         self._types = tuple(import_exception(p) for p in rule.exceptions)
         self._codes = frozenset(rule.codes)
         self._outage = tuple(import_exception(p) for p in outage_errors or [])
+        self._own_package = handler_package(handler)
+
+    def describe(self, error: BaseException) -> ErrorInfo:
+        """`describe`, with the declared handler's package counted as its own code."""
+        return describe(error, self._own_package)
 
     def unrecoverable(self, error: BaseException, info: ErrorInfo) -> bool:
         if self._types and isinstance(error, self._types):

@@ -78,6 +78,11 @@ def cycle_of(table: str) -> int:
     raise ValueError(f"{table!r} is not the inbound queue or a retry subqueue")
 
 
+# The tables that keep failed messages for people, and when a row failed: when it entered that table.
+FAILURE_TABLES: tuple[str, ...] = (POISON, DEAD_LETTER, QUARANTINE)
+FAILED_AT = {POISON: "entered_at", DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at"}
+
+
 def cycle_number(table: str, policy: Policy) -> int:
     """The cycle a table's deliveries count as: the poison queue comes after the last retry cycle."""
     return policy.max_retry_cycles + 1 if table == POISON else cycle_of(table)

@@ -141,7 +141,7 @@ class Processor:
         self.spec = spec
         self.handler = import_callable(spec.handler) if spec.handler else None
         self.batch_size = batch_size(self.handler) if self.handler else None
-        self.classifier = Classifier(spec.policy.unrecoverable, spec.policy.outage_errors)
+        self.classifier = Classifier(spec.policy.unrecoverable, spec.policy.outage_errors, spec.handler)
         self.waiting_order = waiting_tables(spec.policy)
         self.waiting = frozenset(self.waiting_order)
         self._routes: dict[tuple[Outcome, bool, bool], Route] = {}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from poison_pipeline.domain.envelope import Message, Outgoing
-from poison_pipeline.domain.errors import Classifier, ErrorInfo, HandlerTimeout, describe
+from poison_pipeline.domain.errors import Classifier, ErrorInfo, HandlerTimeout
 from poison_pipeline.domain.routing import Outcome
 
 Handler = Callable[[Message], Any]
@@ -106,7 +106,7 @@ def deliver(
         try:
             call_with_timeout(handler, message, timeout)
         except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
-            error_info = describe(error)
+            error_info = classifier.describe(error)
             outcome = "timeout" if isinstance(error, HandlerTimeout) else "abort"
             records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, outcome, error_info))
             if classifier.unrecoverable(error, error_info):

@@ -51,6 +51,10 @@ class InvalidMediaFormat(Exception):  # noqa: N818
     code = "INVALID_MEDIA"
 
 
+class UnsupportedUnit(Exception):  # noqa: N818
+    """The bug of the operator scene: a release that cannot read quantities counted in boxes."""
+
+
 class RecalledItem(Exception):  # noqa: N818
     code = "RECALLED"
 
@@ -67,6 +71,8 @@ def withdraw_inventory(message: Message) -> None:
         raise PartObsolete(f"part {body['part']} is obsolete (change order {body.get('change_order')})")
     if body.get("deadlock") and message.attempt == 1:
         raise DeadlockVictim("transaction was deadlocked on lock resources and chosen as the victim")
+    if body.get("unit", "piece") != "piece" and (app_db() / "inventory.unit-bug").exists():
+        raise UnsupportedUnit(f"unit {body['unit']!r} is not supported for part {body['part']}")
     if body["quantity"] <= 0:
         raise ValueError(f"quantity must be positive, got {body['quantity']}")
 

@@ -1,4 +1,5 @@
-"""The demo's Service Broker scenarios: conversations in order, an outage, and a resend.
+"""The demo's scenarios: conversations in order, an outage, a resend (Service Broker), and an
+operator who finds a bug's failures, checks them with a dry run and sends them back after the fix.
 
 Every claim a scenario prints is counted from the Delta tables (or the application's own records)
 and printed with OK or MISMATCH; a scenario passes when all of its claims hold."""
@@ -33,6 +34,10 @@ from poison_pipeline.examples.generate import (
     presentation_messages,
 )
 from poison_pipeline.examples.handlers import app_db, hook_log, presentation_folder
+from poison_pipeline.operations.groups import failure_groups, groups_table
+from poison_pipeline.operations.redrive import format_redrive, redrive
+from poison_pipeline.operations.render import render
+from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION, QueueTables
@@ -247,4 +252,60 @@ def resend(declaration: Declaration, driver: Driver, received: Counter[str], lif
                  not wrong and len(on) == len(arrived_rows) + len(poisoned) and waiting == 0,
                  f"{len(wrong)} not on their new conversation (e.g. {wrong[:3]}), "
                  f"{len(arrived_rows) + len(poisoned) - len(on)} twice")
+    return checks
+
+
+def operator(declaration: Declaration, driver: Driver, received: Counter[str], rate: float = 100.0) -> Checks:
+    print("\n== An operator at work: a bug's failures found, checked, and sent back after the fix ==")
+    checks = Checks()
+    bug = app_db() / "inventory.unit-bug"
+    bug.parent.mkdir(parents=True, exist_ok=True)
+    bug.touch()  # a release that cannot read quantities counted in boxes
+    prefix = "inv-units"
+    records = inventory_messages(600, random.Random(13), prefix=prefix)
+    for i, record in enumerate(records):
+        if i % 3 == 0:
+            record["body"]["unit"] = "box"
+    boxes = sorted(r["message_id"] for r in records if r["body"].get("unit") == "box"
+                   and not r["body"]["part"].startswith("OBS-"))
+    _enqueue(declaration, "inventory", records, received)
+    driver.drive(["inventory"])
+
+    print("$ poison-pipeline groups --queue inventory --table quarantine")
+    groups = failure_groups(declaration, "inventory", QUARANTINE)
+    print(render(groups_table(groups)))
+    units = [g for g in groups if (g.error_type or "").endswith("UnsupportedUnit")]
+    checks.claim(f"  groups shows the bug as one group of {units[0].count if units else 0} failures (the "
+                 f"{len(boxes)} withdrawals in boxes)", len(units) == 1 and units[0].count == len(boxes),
+                 f"groups: {[(g.error_type, g.count) for g in units]}")
+    if not units:
+        return checks
+    group = units[0].id
+    tables = QueueTables.of(declaration, "inventory")
+    before = {t: tables.open(t).version() for t in tables.all_tables if tables.exists(t)}
+    print(f"$ poison-pipeline redrive inventory --from quarantine --group {group} --dry-run")
+    planned = redrive(declaration, "inventory", QUARANTINE, Selection(group=group), dry_run=True)
+    print(format_redrive(planned))
+    after = {t: tables.open(t).version() for t in tables.all_tables if tables.exists(t)}
+    checks.claim(f"  the dry run would move {planned.moved} and changed no table", planned.moved == len(boxes)
+                 and before == after, f"would move {planned.moved}; versions changed: {before != after}")
+
+    bug.unlink()
+    print(f"the fix is deployed\n$ poison-pipeline redrive inventory --from quarantine --group {group} "
+          f"--rate {rate:g}/s")
+    done = redrive(declaration, "inventory", QUARANTINE, Selection(group=group), rate=rate, actor="demo")
+    print(format_redrive(done))
+    spread = (done.last_due - done.first_due).total_seconds() if done.first_due and done.last_due else 0.0
+    checks.claim(f"  {done.moved} sent back, released over {spread:.1f}s at {rate:g}/s",
+                 done.moved == len(boxes) and abs(spread - (len(boxes) - 1) / rate) < 0.01,
+                 f"moved {done.moved}, spread {spread:.2f}s")
+    driver.drive(["inventory"])
+    ours = pc.starts_with(pc.field("message_id"), prefix)
+    processed = Counter(r["message_id"] for r in tables.open(PROCESSED).to_pyarrow_dataset().to_table(
+        columns=["message_id"], filter=ours & (pc.field("disposition") == "processed")).to_pylist())
+    left = tables.open(QUARANTINE).to_pyarrow_dataset().to_table(columns=["message_id"], filter=ours)
+    drained = sorted(m for m in boxes if processed[m] == 1)
+    still = set(left["message_id"].to_pylist()) & set(boxes)
+    checks.claim(f"  the queue drained: {len(drained)} of the {len(boxes)} processed once, {len(still)} left in "
+                 "quarantine", drained == boxes and not still, f"{len(boxes) - len(drained)} not processed once")
     return checks

@@ -39,6 +39,7 @@ from rich.table import Table
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.domain.routing import FAILED_AT
 from poison_pipeline.operations.actions import (
     DONE,
     PLANNED,
@@ -50,7 +51,6 @@ from poison_pipeline.operations.actions import (
 )
 from poison_pipeline.operations.render import render, when
 from poison_pipeline.operations.selection import (
-    FAILED_AT,
     Selection,
     SelectionError,
     check_table,
@@ -131,17 +131,17 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
     check_where(tables, table, bounded.where)  # before any table is created or the lease taken
     actor = actor or default_actor()
     if dry_run:
-        rows = _ledger_rows(selected(tables, table, bounded), table, purge_id or "dry-run", now)
+        rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id or "dry-run", now)
         return _summary(rows, purge_id or "(dry run)", queue, table, True, age, cutoff, actor)
     tables.ensure()
     with tables.lease(KIND, run_id):
-        resumed = _complete_interrupted(tables, skip=purge_id)
+        resumed = _complete_interrupted(declaration, tables, skip=purge_id)
         if purge_id is not None and (recorded := find_action(tables, purge_id)) is not None:
-            result = _resume(tables, recorded)
+            result = _resume(declaration, tables, recorded)
             result.resumed = resumed
             return result
         purge_id = purge_id or f"purge-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
-        rows = _ledger_rows(selected(tables, table, bounded), table, purge_id, now)
+        rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id, now)
         result = _summary(rows, purge_id, queue, table, False, age, cutoff, actor)
         result.resumed = resumed
         if rows.num_rows == 0:
@@ -219,7 +219,7 @@ def _remove(tables: QueueTables, table: str, rows: pa.Table) -> None:
         tables.replace_batches(table, batches, keep=~within)
 
 
-def _complete_interrupted(tables: QueueTables, skip: str | None) -> list[str]:
+def _complete_interrupted(declaration: Declaration, tables: QueueTables, skip: str | None) -> list[str]:
     """Complete every purge of this queue left `planned` (killed), but `skip` (the caller resumes it)."""
     if not tables.exists(ACTIONS):
         return []
@@ -228,19 +228,20 @@ def _complete_interrupted(tables: QueueTables, skip: str | None) -> list[str]:
     done = []
     for action_id in sorted(planned["action_id"].to_pylist()):
         if action_id != skip and (action := find_action(tables, action_id)) is not None:
-            _finish_interrupted(tables, action)
+            _finish_interrupted(declaration, tables, action)
             done.append(action_id)
     return done
 
 
-def _finish_interrupted(tables: QueueTables, action: Action) -> pa.Table:
+def _finish_interrupted(declaration: Declaration, tables: QueueTables, action: Action) -> pa.Table:
     uri = _plan_uri(tables, action.action_id)
     rows = _read_plan(uri)
     if rows is None:  # killed before its plan was written: it deleted nothing; plan it as recorded
         args = action.arguments
         bounded = Selection(**{**_selection_of(args["selection"]).__dict__,
                                "failed_before": datetime.fromisoformat(args["cutoff"])})
-        rows = _ledger_rows(selected(tables, args["table"], bounded), args["table"], action.action_id, action.at)
+        taken = selected(declaration, tables.queue, args["table"], bounded)
+        rows = _ledger_rows(taken, args["table"], action.action_id, action.at)
         _write_plan(uri, rows)
     _commit(tables, action, rows)
     return rows
@@ -257,7 +258,7 @@ def _selection_of(arguments: dict[str, Any]) -> Selection:
     return Selection(**values)
 
 
-def _resume(tables: QueueTables, action: Action) -> PurgeResult:
+def _resume(declaration: Declaration, tables: QueueTables, action: Action) -> PurgeResult:
     args = action.arguments
     age, cutoff = timedelta(seconds=args["older_than_seconds"]), datetime.fromisoformat(args["cutoff"])
     if action.state == DONE:
@@ -265,7 +266,7 @@ def _resume(tables: QueueTables, action: Action) -> PurgeResult:
         result = PurgeResult(action.action_id, args["queue"], args["table"], False, age.total_seconds(), cutoff,
                              already_done=True, actor=action.actor, action_id=action.action_id)
         return result
-    rows = _finish_interrupted(tables, action)
+    rows = _finish_interrupted(declaration, tables, action)
     result = _summary(rows, action.action_id, args["queue"], args["table"], False, age, cutoff, action.actor)
     result.action_id = action.action_id
     return result

@@ -34,6 +34,7 @@ from rich.table import Table
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
 from poison_pipeline.operations.actions import DONE, begin_action, default_actor, find_action, finish_action
+from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.render import render, when
 from poison_pipeline.operations.selection import Selection, SelectionError, check_table, selected
 from poison_pipeline.storage import schemas
@@ -133,7 +134,7 @@ class _Plan:
 
 def _plan(declaration: Declaration, request: RedriveRequest, tables: QueueTables, redrive_id: str,
           now: datetime) -> _Plan:
-    rows = selected(tables, request.source, request.selection)
+    rows = selected(declaration, request.queue, request.source, request.selection)
     total = rows.num_rows
     processed = _already_processed(QueueTables.of(declaration, request.to), rows["message_id"])
     rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], value_set=processed)))
@@ -191,8 +192,11 @@ def _as_inbound(rows: pa.Table, request: RedriveRequest, redrive_id: str, now: d
                                  pa.array([None if life is None else now + life for life in lifetimes], schemas.TS))
     inbound = inbound.set_column(inbound.schema.get_field_index("batch_id"), "batch_id",
                                  pa.array([f"{redrive_id}-{c}" for c in chunks], pa.string()))
+    reasons = rows["reason"].to_pylist() if "reason" in rows.column_names else [None] * rows.num_rows
+    groups = [group_id(group_key(signature, reason))
+              for signature, reason in zip(rows["last_error_signature"].to_pylist(), reasons, strict=True)]
     return inbound.append_column("source_batch_id", rows["batch_id"]).append_column(
-        "chunk", pa.array(chunks, pa.int32()))
+        "chunk", pa.array(chunks, pa.int32())).append_column("group", pa.array(groups, pa.string()))
 
 
 def _plan_uri(tables: QueueTables, redrive_id: str) -> str:
@@ -272,7 +276,7 @@ def _summary(plan: _Plan, request: RedriveRequest, redrive_id: str, dry_run: boo
 def _summary_of(rows: pa.Table, counts: dict[str, int], request: RedriveRequest, redrive_id: str,
                 dry_run: bool) -> RedriveResult:
     due = rows["due_at"].to_pylist()
-    groups = [g or "(no error)" for g in rows["last_error_signature"].to_pylist()]
+    groups = rows["group"].to_pylist()
     return RedriveResult(
         redrive_id, request.queue, request.source, request.to, dry_run,
         selected=counts.get("selected", 0), moved=rows.num_rows,
@@ -302,7 +306,7 @@ def format_redrive(result: RedriveResult) -> str:
     if result.moved and result.first_due != result.last_due:
         lines.append(f"  released from {when(result.first_due)} to {when(result.last_due)} (--rate)")
     if result.moved:
-        table = Table("failure group (signature)", "messages", box=box.SIMPLE)
+        table = Table("failure group", "messages", box=box.SIMPLE)
         for group, count in result.by_group.items():
             table.add_row(group, str(count))
         types = Table("message type", "messages", box=box.SIMPLE)

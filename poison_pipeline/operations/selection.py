@@ -15,12 +15,10 @@ import pyarrow.dataset as pads
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError
 
-from poison_pipeline.domain.routing import DEAD_LETTER, POISON, QUARANTINE
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.routing import FAILED_AT, FAILURE_TABLES
+from poison_pipeline.operations.groups import UnknownGroup, group_filter
 from poison_pipeline.storage.tables import QueueTables, schema_of
-
-FAILURE_TABLES = (POISON, DEAD_LETTER, QUARANTINE)
-# When a row failed for good: when it entered the table that keeps it.
-FAILED_AT = {POISON: "entered_at", DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at"}
 
 
 class SelectionError(ValueError):
@@ -51,16 +49,12 @@ def check_table(table: str) -> None:
 
 
 def selection_filter(selection: Selection, table: str) -> pads.Expression | None:
-    """The row filter of every selection but `where` (a SQL predicate, applied by `selected`)."""
+    """The row filter of every selection but `group` and `where` (they read the table: `selected`)."""
     check_table(table)
     if selection.failed_after and selection.failed_before and selection.failed_after >= selection.failed_before:
         raise SelectionError(f"--failed-after {selection.failed_after.isoformat()} is not before "
                              f"--failed-before {selection.failed_before.isoformat()}: the range is empty")
     parts: list[pads.Expression] = []
-    if selection.group is not None:
-        from poison_pipeline.operations.groups import group_filter  # groups reads tables: imported when used
-
-        parts.append(group_filter(selection.group))
     if selection.error_type is not None:
         # `ValueError` matches builtins' ValueError; `PartObsolete` also matches myapp.errors.PartObsolete.
         error = pc.field("last_error_type")
@@ -84,14 +78,21 @@ def selection_filter(selection: Selection, table: str) -> pads.Expression | None
     return combined
 
 
-def selected(tables: QueueTables, table: str, selection: Selection) -> pa.Table:
-    """The rows of `table` the selection takes, every column, oldest failure first."""
+def selected(declaration: Declaration, queue: str, table: str, selection: Selection) -> pa.Table:
+    """The rows of `queue`'s `table` the selection takes, every column, oldest failure first."""
     check_table(table)
     schema = schema_of(table)
+    tables = QueueTables.of(declaration, queue)
     if not tables.exists(table):
         return schema.empty_table()
     target = tables.open(table)
     expression = selection_filter(selection, table)
+    if selection.group is not None:
+        try:
+            in_group = group_filter(declaration, selection.group, queue, table)
+        except UnknownGroup as error:
+            raise SelectionError(f"--group {error}") from None
+        expression = in_group if expression is None else expression & in_group
     rows = target.to_pyarrow_dataset().to_table(filter=expression) if expression is not None \
         else target.to_pyarrow_table()
     if selection.where is not None and rows.num_rows:
