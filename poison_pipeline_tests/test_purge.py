@@ -131,6 +131,9 @@ def test_older_than_is_a_failure_time_bound_and_filters_combine(lake):
     assert purge(declaration, "q", "poison", "30d", Selection(where="message_id LIKE 'new-%' AND "
                                                                    "message_type = 'withdrawal'"),
                  dry_run=True, now=now).purged == 2
+    [group] = purge(declaration, "q", "quarantine", "30d", dry_run=True, now=now).by_group
+    assert len(group) == 8  # the id `groups` shows and --group takes
+    assert purge(declaration, "q", "quarantine", "30d", Selection(group=group), dry_run=True, now=now).purged == 3
     result = purge(declaration, "q", "poison", "30d", Selection(ids=("new-0", "old-0")), now=now)
     assert result.purged == 1 and ids(declaration, "poison") == ["new-1", "new-2"]
     balanced(declaration)

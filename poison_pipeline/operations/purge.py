@@ -49,6 +49,7 @@ from poison_pipeline.operations.actions import (
     find_action,
     finish_action,
 )
+from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.render import render, when
 from poison_pipeline.operations.selection import (
     Selection,
@@ -169,11 +170,14 @@ def _touched(tables: QueueTables, table: str) -> list[tuple[QueueTables, str]]:
 
 def _ledger_rows(rows: pa.Table, table: str, purge_id: str, now: datetime) -> pa.Table:
     n = rows.num_rows
+    reasons = rows["reason"].to_pylist() if "reason" in rows.column_names else [None] * n
     return pa.table({
         "message_id": rows["message_id"], "conversation_id": rows["conversation_id"],
         "message_type": rows["message_type"], "from_table": pa.array([table] * n, pa.string()),
         "batch_id": rows["batch_id"], "failed_at": rows[FAILED_AT[table]],
         "last_error_signature": rows["last_error_signature"],
+        "failure_group": pa.array([group_id(group_key(sig, reason)) for sig, reason in zip(
+            rows["last_error_signature"].to_pylist(), reasons, strict=True)], pa.string()),
         "purged_at": pa.array([now] * n, schemas.TS), "action_id": pa.array([purge_id] * n, pa.string()),
     }).cast(schemas.PURGED)
 
@@ -275,7 +279,7 @@ def _resume(declaration: Declaration, tables: QueueTables, action: Action) -> Pu
 def _summary(rows: pa.Table, purge_id: str, queue: str, table: str, dry_run: bool, age: timedelta,
              cutoff: datetime, actor: str) -> PurgeResult:
     failed = rows["failed_at"].to_pylist()
-    groups = [g or "(no error)" for g in rows["last_error_signature"].to_pylist()]
+    groups = rows["failure_group"].to_pylist()
     return PurgeResult(
         purge_id, queue, table, dry_run, age.total_seconds(), cutoff,
         selected=rows.num_rows, purged=rows.num_rows,
@@ -306,7 +310,7 @@ def format_purge(result: PurgeResult) -> str:
         lines.append(f"  completed interrupted purge(s) first: {', '.join(result.resumed)}")
     if result.purged:
         lines.append(f"  failed from {when(result.oldest_failure)} to {when(result.newest_failure)}")
-        groups = Table("failure group (signature)", "messages", box=box.SIMPLE)
+        groups = Table("failure group", "messages", box=box.SIMPLE)
         for group, count in result.by_group.items():
             groups.add_row(group, str(count))
         types = Table("message type", "messages", box=box.SIMPLE)

@@ -164,6 +164,7 @@ PURGED = pa.schema(
         pa.field("batch_id", pa.string()),  # the batch it was in there
         pa.field("failed_at", TS),  # when it entered that table
         pa.field("last_error_signature", pa.string()),
+        pa.field("failure_group", pa.string()),  # its group id (see `groups`), as --group takes it
         pa.field("purged_at", TS),
         pa.field("action_id", pa.string()),
     ]
