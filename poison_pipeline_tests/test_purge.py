@@ -295,6 +295,8 @@ def test_a_real_kill_9_after_each_durable_step_and_the_next_purge_completes_it(l
     other = purge(declaration, "q", "quarantine", "30d", now=now)
     # Killed after it was recorded done, it has nothing left to complete.
     assert other.purged == 3 and other.resumed == ([] if step == "finish" else ["p1"])
+    assert not (Path(declaration.lake_root) / "q" / "_work" / "purge").exists() or not any(
+        (Path(declaration.lake_root) / "q" / "_work" / "purge").iterdir())  # no plan left behind
     assert ids(declaration, "poison") == ["new-2"]
     ledger = sorted(r["message_id"] for r in rows(declaration, "purged") if r["from_table"] == "poison")
     assert ledger == ["new-0", "new-1"]

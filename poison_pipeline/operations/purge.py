@@ -33,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from rich import box
 from rich.table import Table
@@ -234,7 +235,18 @@ def _complete_interrupted(declaration: Declaration, tables: QueueTables, skip: s
         if action_id != skip and (action := find_action(tables, action_id)) is not None:
             _finish_interrupted(declaration, tables, action)
             done.append(action_id)
+    _sweep_plans(tables, keep=set(planned["action_id"].to_pylist()) - set(done))
     return done
+
+
+def _sweep_plans(tables: QueueTables, keep: set[str]) -> None:
+    """Delete the plans left by purges killed after they were recorded done (nothing reads them)."""
+    fs, path = fs_of(tables.work_uri(KIND))
+    if fs.get_file_info(path).type.name == "NotFound":
+        return
+    for entry in fs.get_file_info(pafs.FileSelector(path)):
+        if entry.base_name not in keep:
+            remove_tree(tables.work_uri(KIND, entry.base_name))
 
 
 def _finish_interrupted(declaration: Declaration, tables: QueueTables, action: Action) -> pa.Table:
