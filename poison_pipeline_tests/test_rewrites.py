@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 from poison_pipeline.broker.conversations import end_conversation
 from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables, _whole_due_batches
 from poison_pipeline_tests.support import places, queue, rows, send
@@ -88,3 +90,16 @@ def test_a_batch_with_rows_in_a_file_not_yet_due_is_not_taken_from_a_due_file():
     # B still has rows that are not due: taking the rewritten file would remove them unread.
     assert _whole_due_batches(paths, [NOW, later, NOW], batches, NOW) == {"alone"}
     assert _whole_due_batches(paths, [NOW, NOW, NOW], batches, NOW) == {"rewritten", "untouched", "alone"}
+
+
+def test_a_poison_cycle_after_a_redrive_across_many_poison_batches_takes_each_message_once(
+        spark, make_declaration):
+    declaration = make_declaration(queue(receive_retry_count=0, max_retry_cycles=0, receive_error_handling="move"))
+    for b in range(4):  # one inbound cycle per batch: each writes a batch of its own into poison
+        send(declaration, {f"p{b}-a": {"fail": True}, f"p{b}-b": {"fail": True}})
+        run_cycle(spark, declaration, "q", "inbound", now=NOW)
+    redrive(declaration, "q", "poison", Selection(ids=tuple(f"p{b}-a" for b in range(4))), now=NOW)
+    report = run_cycle(spark, declaration, "q", "poison", now=NOW + timedelta(seconds=1))
+    assert report.counts["messages"] == 4
+    assert_each_message_once(declaration, 8)
+    assert rows(declaration, "poison") == []
