@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NoReturn
 
@@ -34,6 +34,7 @@ from poison_pipeline.broker.conversations import (
 )
 from poison_pipeline.domain.conversation_errors import ConversationError
 from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, DeclarationError, load_declaration
+from poison_pipeline.domain.durations import parse_duration
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.domain.policy import Policy
 from poison_pipeline.domain.routing import FAILURE_TABLES
@@ -44,6 +45,8 @@ from poison_pipeline.operations.end_conversation import end_conversation_by_oper
 from poison_pipeline.operations.groups import failure_groups, groups_table
 from poison_pipeline.operations.history import format_history, history
 from poison_pipeline.operations.inspect_message import AsOfError, format_inspection, inspect_message
+from poison_pipeline.operations.purge import PurgeError, PurgeResult, format_purge, purge
+from poison_pipeline.operations.purge import result_json as purge_json
 from poison_pipeline.operations.redrive import RedriveError, format_redrive, redrive
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.operations.status import format_status, format_time, queue_status
@@ -319,6 +322,25 @@ def _moment(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def _add_selection_arguments(sub: argparse.ArgumentParser) -> None:
+    """The filters of the commands that select failed messages (redrive, purge); see `_selection`."""
+    sub.add_argument("--group", metavar="ID", help="a failure group id (see `groups`)")
+    sub.add_argument("--error-type", metavar="TYPE", help="last error type, e.g. ValueError or PartObsolete")
+    sub.add_argument("--message-type", metavar="TYPE")
+    sub.add_argument("--conversation", metavar="ID")
+    sub.add_argument("--failed-after", metavar="TIME", type=_moment, help="ISO 8601; failed at or after")
+    sub.add_argument("--failed-before", metavar="TIME", type=_moment, help="ISO 8601; failed before")
+    sub.add_argument("--ids", metavar="FILE", help="a file of message ids, one a line")
+    sub.add_argument("--where", metavar="EXPR", help="a SQL predicate over the table's columns")
+
+
+def _age(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _selection(args: argparse.Namespace) -> Selection:
     ids = None
     if args.ids is not None:
@@ -346,6 +368,49 @@ def _redrive(args: argparse.Namespace) -> int:
               f"{args.queue}/{args.source}", file=sys.stderr)
         return EXIT_INCOMPLETE
     return EXIT_OK
+
+
+def _purge(args: argparse.Namespace) -> int:
+    declaration = _declaration(args)
+    selection, now = _selection(args), datetime.now(UTC)  # one cutoff for the preview and the purge
+    try:
+        if not args.yes:
+            preview = purge(declaration, args.queue, args.table, args.older_than, selection, dry_run=True,
+                            purge_id=args.id, actor=args.actor, now=now)
+            if not preview.purged:
+                return _nothing_to_purge(args, preview)
+            _show_purge(args, preview)
+            if not sys.stdin.isatty():
+                print(f"{PROG} purge: refusing to delete {preview.purged} message(s) without --yes "
+                      "(stdin is not a terminal to confirm on); nothing deleted", file=sys.stderr)
+                return EXIT_INCOMPLETE
+            print(f"Delete {preview.purged} messages for good? [y/N] ", end="", file=sys.stderr, flush=True)
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                print(f"{PROG} purge: not confirmed; nothing deleted", file=sys.stderr)
+                return EXIT_INCOMPLETE
+        result = purge(declaration, args.queue, args.table, args.older_than, selection, purge_id=args.id,
+                       actor=args.actor, now=now)
+    except (PurgeError, SelectionError) as error:
+        raise UsageError(str(error)) from None
+    if not result.purged and not result.already_done:
+        return _nothing_to_purge(args, result)
+    _show_purge(args, result)
+    return EXIT_OK
+
+
+def _show_purge(args: argparse.Namespace, result: PurgeResult) -> None:
+    if args.json:
+        _print_json(purge_json(result))
+    else:
+        print(format_purge(result))
+
+
+def _nothing_to_purge(args: argparse.Namespace, result: PurgeResult) -> int:
+    if args.json:
+        _print_json(purge_json(result))
+    print(f"{PROG} purge: nothing to purge: no message in {args.queue}/{args.table} failed before "
+          f"{result.cutoff.isoformat()} and matches the filters", file=sys.stderr)
+    return EXIT_INCOMPLETE
 
 
 def _undo(args: argparse.Namespace) -> int:
@@ -441,7 +506,8 @@ def _format_end(result: EndResult, code: int, description: str) -> str:
 _EXIT_CODES = """exit codes:
   0  success
   1  the command ran but not everything went through (refused lines, message or
-     conversation not found, a clean-up hook failed, storage failure)
+     conversation not found, a clean-up hook failed, storage failure; nothing selected
+     to redrive or purge, or a purge not confirmed)
   2  usage or configuration error (unknown queue, missing file, invalid declaration,
      invalid error code or description)
   3  the queue is busy: another run held its lease for longer than lease.wait
@@ -597,19 +663,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("queue", metavar="QUEUE", help="the queue whose failed messages are redriven")
     sub.add_argument("--from", dest="source", required=True, choices=FAILURE_TABLES, help="where they are")
     sub.add_argument("--to", metavar="QUEUE", default=None, help="another declared queue's inbound")
-    sub.add_argument("--group", metavar="ID", help="a failure group id (see `groups`)")
-    sub.add_argument("--error-type", metavar="TYPE", help="last error type, e.g. ValueError or PartObsolete")
-    sub.add_argument("--message-type", metavar="TYPE")
-    sub.add_argument("--conversation", metavar="ID")
-    sub.add_argument("--failed-after", metavar="TIME", type=_moment, help="ISO 8601; failed at or after")
-    sub.add_argument("--failed-before", metavar="TIME", type=_moment, help="ISO 8601; failed before")
-    sub.add_argument("--ids", metavar="FILE", help="a file of message ids, one a line")
-    sub.add_argument("--where", metavar="EXPR", help="a SQL predicate over the table's columns")
+    _add_selection_arguments(sub)
     sub.add_argument("--dry-run", action="store_true", help="say what would move; change nothing")
     sub.add_argument("--rate", metavar="N/s", type=_rate, help="release N messages a second (due times)")
     sub.add_argument("--limit", metavar="N", type=int, help="move at most N messages")
     sub.add_argument("--id", metavar="ID", help="the redrive's id (resume or repeat it)")
     sub.add_argument("--force", action="store_true", help="also messages past the loop guard (max_redrives)")
+    sub.add_argument("--actor", metavar="NAME", default=default_actor(), help="who (recorded)")
+    sub.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    sub = command(
+        "purge", "delete failed messages for good (older than an age; confirmation or --yes)",
+        "Delete for good the messages of QUEUE's poison, dead_letter or quarantine table that failed\n"
+        "more than AGE ago (--older-than, by the time they entered the table) and match the filters\n"
+        "(all must hold). Without --yes it shows what it would delete (counts per failure group and\n"
+        "message type, sample ids) and asks on the terminal; when stdin is not a terminal it refuses\n"
+        "(exit 1) and deletes nothing. Each purged message keeps a row in the queue's purged ledger\n"
+        "(id, where it was, when it failed, which action), counted by the conservation line; the\n"
+        "action is recorded in the actions ledger. A purge killed midway is completed by the next\n"
+        "purge of the queue (or by running it again with its --id); nothing is deleted twice.",
+        _purge,
+    )
+    sub.add_argument("queue", metavar="QUEUE", help="the queue whose failed messages are purged")
+    sub.add_argument("--table", required=True, choices=FAILURE_TABLES, help="where they are")
+    sub.add_argument("--older-than", metavar="AGE", required=True, type=_age,
+                     help="failed more than this long ago: 30d, 12h, 90m, PT1H or seconds")
+    _add_selection_arguments(sub)
+    sub.add_argument("--yes", "-y", action="store_true", help="delete without asking")
+    sub.add_argument("--id", metavar="ID", help="the purge's id (resume it after a kill)")
     sub.add_argument("--actor", metavar="NAME", default=default_actor(), help="who (recorded)")
     sub.add_argument("--json", action="store_true", help="print JSON instead of text")
 

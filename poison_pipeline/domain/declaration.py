@@ -15,10 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from poison_pipeline.domain.imports import import_callable
 from poison_pipeline.domain.policy import Duration, Ordering, PoisonQueuePolicy, Policy
+from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.handlers import batch_size
 
 _QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 CONFIG_ENV = "POISON_PIPELINE_CONFIG"
+# The tables a declared retention purges: where failed messages stay until someone decides.
+RETENTION_TABLES = FAILURE_TABLES
 
 
 class DeclarationError(ValueError):
@@ -88,6 +91,20 @@ class QueueDeclaration(BaseModel):
     message_types: list[str] | None = None
     # The queues this queue's handler sends to: only for the lineage the UI draws.
     sends_to: list[str] = Field(default_factory=list)
+    # How long failed messages are kept before the daily retention purges them for good, per table
+    # (poison, dead_letter, quarantine), by failure time, e.g. {dead_letter: 30d, quarantine: 90d}.
+    # A table not named here is kept until an operator purges it.
+    retention: dict[str, Duration] = Field(default_factory=dict)
+
+    @field_validator("retention")
+    @classmethod
+    def _retention_tables(cls, value: dict[str, timedelta]) -> dict[str, timedelta]:
+        for table, age in value.items():
+            if table not in RETENTION_TABLES:
+                raise ValueError(f"retention applies to poison, dead_letter or quarantine, not {table!r}")
+            if age <= timedelta(0):
+                raise ValueError(f"the retention of {table} must be a positive duration (e.g. 30d), not {age}")
+        return value
 
     @field_validator("handler")
     @classmethod

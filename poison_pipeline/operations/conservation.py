@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pyarrow.compute as pc
 
 from poison_pipeline.domain.routing import DEAD_LETTER, POISON, PROCESSED, QUARANTINE
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import PURGED, QueueTables
 
 
 @dataclass(frozen=True)
@@ -19,10 +19,14 @@ class Conservation:
     dead_letter: int
     quarantined: int
     ledger: dict[str, int] = field(default_factory=dict)
+    # Deleted for good by `purge` or a declared retention: a terminal outcome of its own (the purged
+    # ledger keeps their ids), so the line still balances after a purge.
+    purged: int = 0
 
     @property
     def accounted(self) -> int:
-        return self.waiting + self.poison + self.dead_letter + self.quarantined + sum(self.ledger.values())
+        return (self.waiting + self.poison + self.dead_letter + self.quarantined + self.purged
+                + sum(self.ledger.values()))
 
     def line(self, received: int | None = None) -> str:
         # The usual dispositions always, and any other the ledger holds: the terms add up to the total.
@@ -33,7 +37,7 @@ class Conservation:
         verdict = "" if received is None else ("  OK" if received == self.accounted else "  MISMATCH")
         return (
             f"{self.queue}: {left} = {ledger} + {self.waiting} waiting + {self.poison} poison + "
-            f"{self.dead_letter} dead-letter + {self.quarantined} quarantined"
+            f"{self.dead_letter} dead-letter + {self.quarantined} quarantined + {self.purged} purged"
             f" (= {self.accounted}){verdict}"
         )
 
@@ -50,4 +54,6 @@ def conservation(tables: QueueTables) -> Conservation:
         dead_letter=tables.open(DEAD_LETTER).count(),
         quarantined=tables.open(QUARANTINE).count(),
         ledger=dict(Counter({c["values"]: c["counts"] for c in counts})),
+        # A lake made before purge existed has no purged ledger yet: nothing was purged.
+        purged=tables.open(PURGED).count() if tables.exists(PURGED) else 0,
     )

@@ -106,12 +106,18 @@ def _keys(rows: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(rows["message_id"], pc.fill_null(rows["batch_id"], ""), "\x1f")
 
 
-def _where_keys(target: DeltaTable, table: str, where: str) -> pa.Array:
+def check_where(tables: QueueTables, table: str, where: str | None) -> None:
+    """Raise SelectionError for a `--where` that is not a predicate over `table`, reading no rows."""
+    if where is not None and tables.exists(table):
+        _where_keys(tables.open(table), table, where, limit=" LIMIT 0")
+
+
+def _where_keys(target: DeltaTable, table: str, where: str, limit: str = "") -> pa.Array:
     if ";" in where:
         raise SelectionError(f"--where {where!r}: one predicate only (no ';')")
     try:
         found = QueryBuilder().register("t", target).execute(
-            f"SELECT message_id, batch_id FROM t WHERE ({where})").read_all()
+            f"SELECT message_id, batch_id FROM t WHERE ({where}){limit}").read_all()
     except DeltaError as error:
         columns = ", ".join(schema_of(table).names)
         raise SelectionError(f"--where {where!r} is not a predicate over the columns of {table} "

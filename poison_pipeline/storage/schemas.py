@@ -172,6 +172,24 @@ EDITS = pa.schema(
     ]
 )
 
+# The purged ledger: messages an operator (or a declared retention) deleted for good from poison,
+# dead_letter or quarantine. Their bodies are gone; their ids, where they were and which action took
+# them stay, so the conservation line counts them as a terminal outcome of their own.
+PURGED = pa.schema(
+    [
+        pa.field("message_id", pa.string()),
+        pa.field("conversation_id", pa.string()),
+        pa.field("message_type", pa.string()),
+        pa.field("from_table", pa.string()),  # poison, dead_letter or quarantine
+        pa.field("batch_id", pa.string()),  # the batch it was in there
+        pa.field("failed_at", TS),  # when it entered that table
+        pa.field("last_error_signature", pa.string()),
+        pa.field("failure_group", pa.string()),  # its group id (see `groups`), as --group takes it
+        pa.field("purged_at", TS),
+        pa.field("action_id", pa.string()),
+    ]
+)
+
 # The sender's transmission queue: sent messages waiting until their target queue accepts them.
 TRANSMISSION = pa.schema(
     [pa.field("target_queue", pa.string())]

@@ -33,6 +33,7 @@ CONVERSATIONS = "conversations"
 TRANSMISSION = "transmission"
 ACTIONS = "actions"
 EDITS = "edits"
+PURGED = "purged"
 # delta-rs would write a million-row append as one row group, and Spark cannot split a row group:
 # the whole batch would be one task on one core. Smaller groups let a cycle use every core.
 _WRITER = WriterProperties(max_row_group_size=65_536)
@@ -52,6 +53,7 @@ def schema_of(table: str) -> pa.Schema:
         TRANSMISSION: schemas.TRANSMISSION,
         ACTIONS: schemas.ACTIONS,
         EDITS: schemas.EDITS,
+        PURGED: schemas.PURGED,
     }[table]
 
 
@@ -62,7 +64,8 @@ def _quoted(value: str) -> str:
 # The column that says when a row arrived in each table: the age of its oldest entry.
 _ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at",
             ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at", CONVERSATIONS: "at",
-            TRANSMISSION: "enqueued_at", ACTIONS: "at", EDITS: "at"}
+            TRANSMISSION: "enqueued_at", ACTIONS: "at", EDITS: "at",
+            PURGED: "purged_at"}
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class QueueTables:
     @property
     def all_tables(self) -> tuple[str, ...]:
         return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
-                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS)
+                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED)
 
     def uri(self, table: str) -> str:
         return f"{self.lake_root}/{self.queue}/{table}"

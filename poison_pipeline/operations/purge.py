@@ -1,0 +1,337 @@
+"""`purge`: delete for good the failed messages of poison, dead_letter or quarantine that are beyond
+saving, older than an age (by failure time) and selected by the same filters as `redrive`; and
+`apply_retention`, which purges each table older than the queue's declared `retention` through the
+same code (the daily schedule calls it).
+
+Bodies are deleted: that is the point. Each purged message leaves a row in the queue's `purged`
+ledger (message id, conversation, type, the table and batch it was in, when it failed, its failure
+group, when it was purged and by which action), so the conservation line counts it as a terminal
+outcome of its own, and the actions ledger records the Delta versions before and after, within
+whose time travel an undo could still bring the rows back.
+
+A purge has an id (given, or a new one). It runs under the queue's lease:
+
+1. recorded `planned` in the actions ledger;
+2. its plan (the ledger rows of what it deletes) written once to the lake (`_work/purge/<id>/`);
+3. the ledger rows appended to `purged` under the app transaction (purge id, 1): a replay writes
+   nothing;
+4. the rows removed from the table (a replay finds nothing left to remove);
+5. recorded `done` with its counts; the plan is deleted.
+
+A purge killed at any point is completed by the next purge of the queue (whatever it asks), or by
+running it again with its id; nothing is deleted twice or counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from rich import box
+from rich.table import Table
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.domain.routing import FAILED_AT
+from poison_pipeline.operations.actions import (
+    DONE,
+    PLANNED,
+    Action,
+    begin_action,
+    default_actor,
+    find_action,
+    finish_action,
+)
+from poison_pipeline.operations.groups import group_id, group_key
+from poison_pipeline.operations.render import render, when
+from poison_pipeline.operations.selection import (
+    Selection,
+    SelectionError,
+    check_table,
+    check_where,
+    selected,
+    selection_filter,
+)
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.journal import fs_of, remove_tree
+from poison_pipeline.storage.tables import ACTIONS, PURGED, QueueTables
+
+SAMPLE = 5
+KIND = "purge"
+RETENTION_ACTOR = "poison_pipeline"
+
+
+class PurgeError(ValueError):
+    """A purge that cannot run as asked; the message names the argument and what is wrong."""
+
+
+@dataclass
+class PurgeResult:
+    purge_id: str
+    queue: str
+    table: str
+    dry_run: bool
+    older_than_seconds: float
+    cutoff: datetime  # failed before this: now - older_than (or --failed-before, if earlier)
+    selected: int = 0  # what the filters took
+    purged: int = 0  # deleted for good (would be, for a dry run)
+    already_done: bool = False  # this id completed before: nothing deleted now
+    resumed: list[str] = field(default_factory=list)  # interrupted purges completed first
+    by_group: dict[str, int] = field(default_factory=dict)
+    by_message_type: dict[str, int] = field(default_factory=dict)
+    sample_ids: list[str] = field(default_factory=list)
+    oldest_failure: datetime | None = None
+    newest_failure: datetime | None = None
+    actor: str | None = None
+    action_id: str | None = None
+
+
+def _age(older_than: timedelta | str | float) -> timedelta:
+    try:
+        age = parse_duration(older_than)
+    except ValueError as error:
+        raise PurgeError(f"--older-than {error}") from None
+    if age < timedelta(0):
+        raise PurgeError(f"--older-than {older_than!r}: give an age of zero or more (e.g. 30d)")
+    return age
+
+
+def _bounded(selection: Selection, cutoff: datetime) -> tuple[Selection, datetime]:
+    """The selection with the age as a failure-time bound (the earlier of it and --failed-before)."""
+    before = min(cutoff, selection.failed_before) if selection.failed_before else cutoff
+    fields = {**selection.__dict__, "failed_before": before}
+    return Selection(**fields), before
+
+
+def purge(declaration: Declaration, queue: str, table: str, older_than: timedelta | str | float,
+          selection: Selection | None = None, *, dry_run: bool = False, purge_id: str | None = None,
+          actor: str | None = None, run_id: str = "manual", now: datetime | None = None) -> PurgeResult:
+    """Delete for good the messages of `queue`'s `table` (poison, dead_letter or quarantine) that
+    failed more than `older_than` ago and match `selection`. Raises PurgeError or SelectionError,
+    before anything is written, for a bad request; a dry run writes nothing at all."""
+    if queue not in declaration.queues:
+        raise PurgeError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
+    try:
+        check_table(table)
+    except SelectionError as error:
+        raise PurgeError(f"--table {error}") from None
+    age = _age(older_than)
+    now = now or datetime.now(UTC)
+    bounded, cutoff = _bounded(selection or Selection(), now - age)
+    selection_filter(bounded, table)  # an empty time range or other bad filter fails here, before the lease
+    arguments = {"queue": queue, "table": table, "older_than_seconds": age.total_seconds(),
+                 "cutoff": cutoff.isoformat(), "selection": (selection or Selection()).arguments()}
+    tables = QueueTables.of(declaration, queue)
+    check_where(tables, table, bounded.where)  # before any table is created or the lease taken
+    actor = actor or default_actor()
+    if dry_run:
+        rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id or "dry-run", now)
+        return _summary(rows, purge_id or "(dry run)", queue, table, True, age, cutoff, actor)
+    tables.ensure()
+    with tables.lease(KIND, run_id):
+        resumed = _complete_interrupted(declaration, tables, skip=purge_id)
+        if purge_id is not None and (recorded := find_action(tables, purge_id)) is not None:
+            result = _resume(declaration, tables, recorded)
+            result.resumed = resumed
+            return result
+        purge_id = purge_id or f"purge-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+        rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id, now)
+        result = _summary(rows, purge_id, queue, table, False, age, cutoff, actor)
+        result.resumed = resumed
+        if rows.num_rows == 0:
+            return result  # nothing to purge: no table changes, nothing recorded
+        action = begin_action(tables, KIND, actor, {**arguments, "id": purge_id}, _touched(tables, table),
+                              action_id=purge_id, run_id=run_id, now=now)
+        _write_plan(_plan_uri(tables, purge_id), rows)
+        _commit(tables, action, rows)
+        result.action_id = purge_id
+        return result
+
+
+def apply_retention(declaration: Declaration, queue: str, now: datetime | None = None,
+                    run_id: str = "retention") -> list[PurgeResult]:
+    """Purge each table of `queue` older than its declared `retention`, by the same code as `purge`,
+    recorded with actor poison_pipeline; tables without a retention are left alone."""
+    now = now or datetime.now(UTC)
+    return [purge(declaration, queue, table, age, actor=RETENTION_ACTOR, run_id=run_id, now=now)
+            for table, age in declaration.queue(queue).retention.items()]
+
+
+def _touched(tables: QueueTables, table: str) -> list[tuple[QueueTables, str]]:
+    return [(tables, table), (tables, PURGED)]
+
+
+def _ledger_rows(rows: pa.Table, table: str, purge_id: str, now: datetime) -> pa.Table:
+    n = rows.num_rows
+    reasons = rows["reason"].to_pylist() if "reason" in rows.column_names else [None] * n
+    return pa.table({
+        "message_id": rows["message_id"], "conversation_id": rows["conversation_id"],
+        "message_type": rows["message_type"], "from_table": pa.array([table] * n, pa.string()),
+        "batch_id": rows["batch_id"], "failed_at": rows[FAILED_AT[table]],
+        "last_error_signature": rows["last_error_signature"],
+        "failure_group": pa.array([group_id(group_key(sig, reason)) for sig, reason in zip(
+            rows["last_error_signature"].to_pylist(), reasons, strict=True)], pa.string()),
+        "purged_at": pa.array([now] * n, schemas.TS), "action_id": pa.array([purge_id] * n, pa.string()),
+    }).cast(schemas.PURGED)
+
+
+def _plan_uri(tables: QueueTables, purge_id: str) -> str:
+    return tables.work_uri(KIND, purge_id, "plan.parquet")
+
+
+def _write_plan(uri: str, rows: pa.Table) -> None:
+    fs, path = fs_of(uri)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    pq.write_table(rows, path + ".tmp", filesystem=fs)
+    fs.move(path + ".tmp", path)  # whole or absent: a killed write leaves no half plan
+
+
+def _read_plan(uri: str) -> pa.Table | None:
+    fs, path = fs_of(uri)
+    if fs.get_file_info(path).type.name == "NotFound":
+        return None
+    return pq.read_table(path, filesystem=fs).cast(schemas.PURGED)
+
+
+def _commit(tables: QueueTables, action: Action, rows: pa.Table) -> Action:
+    """Steps 3 to 5, each safe to repeat."""
+    table = action.arguments["table"]
+    tables.append(PURGED, rows, app_id=f"poison_pipeline/{action.action_id}", version=1)
+    _remove(tables, table, rows)
+    done = finish_action(tables, action, {"selected": rows.num_rows, "purged": rows.num_rows},
+                         _touched(tables, table))
+    remove_tree(tables.work_uri(KIND, action.action_id))
+    return done
+
+
+def _remove(tables: QueueTables, table: str, rows: pa.Table) -> None:
+    ids = rows["message_id"].to_pylist()
+    batches = sorted(set(rows["batch_id"].to_pylist()), key=lambda b: (b is None, b or ""))
+    within = pads.field("message_id").isin(ids)
+    in_batches = pads.field("batch_id").isin([b for b in batches if b is not None])
+    if None in batches:
+        in_batches = in_batches | pads.field("batch_id").is_null()
+    still = tables.open(table).to_pyarrow_dataset().head(1, columns=["message_id"], filter=within & in_batches)
+    if still.num_rows:  # a replay after the removal finds nothing left and commits nothing
+        tables.replace_batches(table, batches, keep=~within)
+
+
+def _complete_interrupted(declaration: Declaration, tables: QueueTables, skip: str | None) -> list[str]:
+    """Complete every purge of this queue left `planned` (killed), but `skip` (the caller resumes it)."""
+    if not tables.exists(ACTIONS):
+        return []
+    planned = tables.open(ACTIONS).to_pyarrow_dataset().to_table(
+        columns=["action_id"], filter=(pads.field("kind") == KIND) & (pads.field("state") == PLANNED))
+    done = []
+    for action_id in sorted(planned["action_id"].to_pylist()):
+        if action_id != skip and (action := find_action(tables, action_id)) is not None:
+            _finish_interrupted(declaration, tables, action)
+            done.append(action_id)
+    _sweep_plans(tables, keep=set(planned["action_id"].to_pylist()) - set(done))
+    return done
+
+
+def _sweep_plans(tables: QueueTables, keep: set[str]) -> None:
+    """Delete the plans left by purges killed after they were recorded done (nothing reads them)."""
+    fs, path = fs_of(tables.work_uri(KIND))
+    if fs.get_file_info(path).type.name == "NotFound":
+        return
+    for entry in fs.get_file_info(pafs.FileSelector(path)):
+        if entry.base_name not in keep:
+            remove_tree(tables.work_uri(KIND, entry.base_name))
+
+
+def _finish_interrupted(declaration: Declaration, tables: QueueTables, action: Action) -> pa.Table:
+    uri = _plan_uri(tables, action.action_id)
+    rows = _read_plan(uri)
+    if rows is None:  # killed before its plan was written: it deleted nothing; plan it as recorded
+        args = action.arguments
+        bounded = Selection(**{**_selection_of(args["selection"]).__dict__,
+                               "failed_before": datetime.fromisoformat(args["cutoff"])})
+        taken = selected(declaration, tables.queue, args["table"], bounded)
+        rows = _ledger_rows(taken, args["table"], action.action_id, action.at)
+        _write_plan(uri, rows)
+    _commit(tables, action, rows)
+    return rows
+
+
+def _selection_of(arguments: dict[str, Any]) -> Selection:
+    """The Selection that `Selection.arguments()` recorded."""
+    values: dict[str, Any] = dict(arguments)
+    for moment in ("failed_after", "failed_before"):
+        if moment in values:
+            values[moment] = datetime.fromisoformat(values[moment])
+    if "ids" in values:
+        values["ids"] = tuple(values["ids"])
+    return Selection(**values)
+
+
+def _resume(declaration: Declaration, tables: QueueTables, action: Action) -> PurgeResult:
+    args = action.arguments
+    age, cutoff = timedelta(seconds=args["older_than_seconds"]), datetime.fromisoformat(args["cutoff"])
+    if action.state == DONE:
+        remove_tree(tables.work_uri(KIND, action.action_id))  # killed after it was recorded done
+        result = PurgeResult(action.action_id, args["queue"], args["table"], False, age.total_seconds(), cutoff,
+                             already_done=True, actor=action.actor, action_id=action.action_id)
+        return result
+    rows = _finish_interrupted(declaration, tables, action)
+    result = _summary(rows, action.action_id, args["queue"], args["table"], False, age, cutoff, action.actor)
+    result.action_id = action.action_id
+    return result
+
+
+def _summary(rows: pa.Table, purge_id: str, queue: str, table: str, dry_run: bool, age: timedelta,
+             cutoff: datetime, actor: str) -> PurgeResult:
+    failed = rows["failed_at"].to_pylist()
+    groups = rows["failure_group"].to_pylist()
+    return PurgeResult(
+        purge_id, queue, table, dry_run, age.total_seconds(), cutoff,
+        selected=rows.num_rows, purged=rows.num_rows,
+        by_group=dict(Counter(groups).most_common()),
+        by_message_type=dict(Counter(rows["message_type"].to_pylist()).most_common()),
+        sample_ids=rows["message_id"].to_pylist()[:SAMPLE],
+        oldest_failure=min(failed) if failed else None, newest_failure=max(failed) if failed else None,
+        actor=actor,
+    )
+
+
+def _age_text(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def format_purge(result: PurgeResult) -> str:
+    if result.already_done:
+        return f"purge {result.purge_id} already completed: nothing deleted now"
+    verb = "would delete" if result.dry_run else "deleted"
+    lines = [f"purge {result.purge_id}: {result.queue}/{result.table}, failed more than "
+             f"{_age_text(result.older_than_seconds)} ago (before {when(result.cutoff)}): "
+             f"{verb} {result.purged} message(s) for good"
+             + (" (dry run: no table changed)" if result.dry_run else "")]
+    if result.resumed:
+        lines.append(f"  completed interrupted purge(s) first: {', '.join(result.resumed)}")
+    if result.purged:
+        lines.append(f"  failed from {when(result.oldest_failure)} to {when(result.newest_failure)}")
+        groups = Table("failure group", "messages", box=box.SIMPLE)
+        for group, count in result.by_group.items():
+            groups.add_row(group, str(count))
+        types = Table("message type", "messages", box=box.SIMPLE)
+        for kind, count in result.by_message_type.items():
+            types.add_row(kind, str(count))
+        lines += [render(groups), render(types), f"  e.g. {', '.join(result.sample_ids)}"]
+    return "\n".join(lines)
+
+
+def result_json(result: PurgeResult) -> dict[str, Any]:
+    """The stable JSON of a purge (README, "Operators")."""
+    return json.loads(json.dumps(asdict(result), default=lambda v: v.isoformat()))
