@@ -15,7 +15,7 @@ from poison_pipeline.operations import purge as purge_module
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.tables import QueueTables
 
-TARGETS = {"begin": (purge_module, "begin_action"), "plan": (purge_module, "_write_plan"),
+TARGETS = {"begin": (purge_module, "begin_action"), "plan": (purge_module, "write_plan"),
            "ledger": (QueueTables, "append"), "remove": (QueueTables, "replace_batches"),
            "finish": (purge_module, "finish_action")}
 

@@ -100,7 +100,7 @@ STEPS = ["begin", "record", "plan", "append", "remove", "redrive_done", "finish"
 def test_killed_at_each_step_and_run_again_it_completes_once(lake, monkeypatch, step):
     declaration, log = lake
     targets = {"begin": (edit_module, "begin_action"), "record": (edit_module, "_record"),
-               "plan": (redrive_module, "_write_plan"), "append": (QueueTables, "append"),
+               "plan": (redrive_module, "write_plan"), "append": (QueueTables, "append"),
                "remove": (QueueTables, "replace_batches"), "redrive_done": (redrive_module, "finish_action"),
                "finish": (edit_module, "finish_action")}
     owner, name = targets[step]

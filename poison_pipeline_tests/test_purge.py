@@ -196,7 +196,7 @@ STEPS = ["begin", "plan", "ledger", "remove", "finish"]
 @pytest.mark.parametrize("step", STEPS)
 def test_killed_at_each_step_and_run_again_nothing_is_lost_or_deleted_twice(lake, monkeypatch, step, with_id):
     declaration, _ = lake
-    targets = {"begin": (purge_module, "begin_action"), "plan": (purge_module, "_write_plan"),
+    targets = {"begin": (purge_module, "begin_action"), "plan": (purge_module, "write_plan"),
                "ledger": (QueueTables, "append"), "remove": (QueueTables, "replace_batches"),
                "finish": (purge_module, "finish_action")}
     owner, name = targets[step]

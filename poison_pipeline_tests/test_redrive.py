@@ -161,7 +161,7 @@ STEPS = ["plan", "append", "remove", "finish"]
 @pytest.mark.parametrize("step", STEPS)
 def test_killed_at_each_step_and_run_again_it_completes_without_moving_anything_twice(lake, monkeypatch, step):
     declaration, _ = lake
-    targets = {"plan": (redrive_module, "_write_plan"), "append": (QueueTables, "append"),
+    targets = {"plan": (redrive_module, "write_plan"), "append": (QueueTables, "append"),
                "remove": (QueueTables, "replace_batches"), "finish": (redrive_module, "finish_action")}
     owner, name = targets[step]
     original = getattr(owner, name)

@@ -80,21 +80,13 @@ def _check_headers(headers: dict[str, str]) -> None:
             raise EditError(f"--header {key}: the value must be a string")
 
 
-def _rows(tables: QueueTables, table: str, message_id: str) -> list[dict[str, Any]]:
-    if not tables.exists(table):
-        return []
-    found: pa.Table = tables.open(table).to_pyarrow_dataset().to_table(
-        filter=pads.field("message_id") == message_id)
-    return found.to_pylist()
-
-
 def _failed_copies(declaration: Declaration, message_id: str, queue: str | None,
                    source: str | None) -> list[tuple[str, str, dict[str, Any]]]:
     found = []
     for name in [queue] if queue else list(declaration.queues):
         tables = QueueTables.of(declaration, name)
         for table in [source] if source else FAILURE_TABLES:
-            found += [(name, table, row) for row in _rows(tables, table, message_id)]
+            found += [(name, table, row) for row in tables.message_rows(table, message_id)]
     return found
 
 
@@ -203,7 +195,7 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
             return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now)
         row = _edit_row(tables, edit_id)
         if row is None:
-            failed = _rows(tables, source, message_id)
+            failed = tables.message_rows(source, message_id)
             if not failed:
                 raise EditNotFound(f"message {message_id!r} left {queue}/{source} before edit {edit_id} "
                                    "recorded it; nothing was changed")
@@ -241,7 +233,7 @@ def edits_of(declaration: Declaration, message_id: str) -> list[dict[str, Any]]:
     """Every recorded edit of a message, in every queue, oldest first."""
     found = []
     for name in declaration.queues:
-        found += _rows(QueueTables.of(declaration, name), EDITS, message_id)
+        found += QueueTables.of(declaration, name).message_rows(EDITS, message_id)
     return sorted(found, key=lambda r: (r["at"], r["edit_id"]))
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.dataset as pads
 from rich import box
 from rich.table import Table
@@ -65,14 +64,6 @@ class Journey:
     events: tuple[JourneyEvent, ...] = field(default_factory=tuple)
 
 
-def _rows(tables: QueueTables, table: str, message_id: str) -> list[dict[str, Any]]:
-    if not tables.exists(table):
-        return []
-    found: pa.Table = tables.open(table).to_pyarrow_dataset().to_table(
-        filter=pads.field("message_id") == message_id)
-    return found.to_pylist()
-
-
 def history(declaration: Declaration, message_id: str) -> Journey:
     """Everything recorded about `message_id`, oldest first; no events when nothing is."""
     events: list[JourneyEvent] = []
@@ -81,29 +72,29 @@ def history(declaration: Declaration, message_id: str) -> Journey:
     for queue in declaration.queues:
         tables = QueueTables.of(declaration, queue)
         for table in (*tables.waiting, DEAD_LETTER, QUARANTINE):
-            for row in _rows(tables, table, message_id):
+            for row in tables.message_rows(table, message_id):
                 if row.get("enqueued_at") is not None:
                     enqueued.append((row["enqueued_at"], queue))
                 if row.get("batch_id"):
                     batches.add(row["batch_id"])
                 events.append(_stay(queue, table, row))
-        for row in _rows(tables, PROCESSED, message_id):
+        for row in tables.message_rows(PROCESSED, message_id):
             if row.get("batch_id"):
                 batches.add(row["batch_id"])
             events.append(JourneyEvent(row["at"], row["disposition"], queue, PROCESSED,
                                        f"{row['disposition']} from {row['from_table']}", batch_id=row["batch_id"],
                                        from_table=row["from_table"], cycle_seq=row.get("cycle_seq")))
-        attempts = sorted(_rows(tables, ATTEMPTS, message_id),
+        attempts = sorted(tables.message_rows(ATTEMPTS, message_id),
                           key=lambda r: (r["started_at"] is None, r["started_at"], r.get("cycle_seq") or 0,
                                          r["attempt"]))
         events += [_attempt(queue, row) for row in attempts]
-        for row in _rows(tables, EDITS, message_id):
+        for row in tables.message_rows(EDITS, message_id):
             events.append(JourneyEvent(
                 row["at"], "edited", queue, row["source_table"],
                 f"body replaced ({row['encoding']}, {len(row['original_body'] or b'')} -> "
                 f"{len(row['new_body'] or b'')} bytes); sent back by {row['redrive_id']}",
                 action_id=row["edit_id"], actor=row["actor"]))
-        for row in _rows(tables, PURGED, message_id):
+        for row in tables.message_rows(PURGED, message_id):
             at = row.get("purged_at") or row.get("at")
             events.append(JourneyEvent(at, "purged", queue, row.get("table") or row.get("from_table"),
                                        "purged", action_id=row.get("action_id"), actor=row.get("actor")))

@@ -34,7 +34,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from rich import box
 from rich.table import Table
 
@@ -61,7 +60,7 @@ from poison_pipeline.operations.selection import (
     selection_filter,
 )
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.journal import fs_of, remove_tree
+from poison_pipeline.storage.journal import fs_of, read_plan, remove_tree, write_plan
 from poison_pipeline.storage.tables import ACTIONS, PURGED, QueueTables
 
 SAMPLE = 5
@@ -150,7 +149,7 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
             return result  # nothing to purge: no table changes, nothing recorded
         action = begin_action(tables, KIND, actor, {**arguments, "id": purge_id}, _touched(tables, table),
                               action_id=purge_id, run_id=run_id, now=now)
-        _write_plan(_plan_uri(tables, purge_id), rows)
+        write_plan(_plan_uri(tables, purge_id), rows)
         _commit(tables, action, rows)
         result.action_id = purge_id
         return result
@@ -187,18 +186,9 @@ def _plan_uri(tables: QueueTables, purge_id: str) -> str:
     return tables.work_uri(KIND, purge_id, "plan.parquet")
 
 
-def _write_plan(uri: str, rows: pa.Table) -> None:
-    fs, path = fs_of(uri)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(rows, path + ".tmp", filesystem=fs)
-    fs.move(path + ".tmp", path)  # whole or absent: a killed write leaves no half plan
-
-
 def _read_plan(uri: str) -> pa.Table | None:
-    fs, path = fs_of(uri)
-    if fs.get_file_info(path).type.name == "NotFound":
-        return None
-    return pq.read_table(path, filesystem=fs).cast(schemas.PURGED)
+    plan = read_plan(uri)
+    return None if plan is None else plan.cast(schemas.PURGED)
 
 
 def _commit(tables: QueueTables, action: Action, rows: pa.Table) -> Action:
@@ -258,7 +248,7 @@ def _finish_interrupted(declaration: Declaration, tables: QueueTables, action: A
                                "failed_before": datetime.fromisoformat(args["cutoff"])})
         taken = selected(declaration, tables.queue, args["table"], bounded)
         rows = _ledger_rows(taken, args["table"], action.action_id, action.at)
-        _write_plan(uri, rows)
+        write_plan(uri, rows)
     _commit(tables, action, rows)
     return rows
 

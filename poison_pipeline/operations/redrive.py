@@ -29,7 +29,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 from rich import box
 from rich.table import Table
 
@@ -40,7 +39,7 @@ from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.render import render, when
 from poison_pipeline.operations.selection import Selection, SelectionError, check_table, selected
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.journal import fs_of, remove_tree
+from poison_pipeline.storage.journal import read_plan, remove_tree, write_plan
 from poison_pipeline.storage.tables import QueueTables
 
 SAMPLE = 5
@@ -234,20 +233,6 @@ def _plan_uri(tables: QueueTables, redrive_id: str) -> str:
     return tables.work_uri("redrive", redrive_id, "plan.parquet")
 
 
-def _write_plan(uri: str, rows: pa.Table) -> None:
-    fs, path = fs_of(uri)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(rows, path + ".tmp", filesystem=fs)
-    fs.move(path + ".tmp", path)  # whole or absent: a killed write leaves no half plan
-
-
-def _read_plan(uri: str) -> pa.Table | None:
-    fs, path = fs_of(uri)
-    if fs.get_file_info(path).type.name == "NotFound":
-        return None
-    return pq.read_table(path, filesystem=fs)
-
-
 def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables, redrive_id: str, actor: str,
          run_id: str, now: datetime) -> RedriveResult:
     target = QueueTables.of(declaration, request.to)
@@ -258,7 +243,7 @@ def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables,
         return RedriveResult(redrive_id, request.queue, request.source, request.to, False, already_done=True,
                              action_id=redrive_id)
     uri = _plan_uri(tables, redrive_id)
-    rows = _read_plan(uri) if recorded is not None else None
+    rows = read_plan(uri) if recorded is not None else None
     if rows is None:
         plan = _plan(declaration, request, tables, redrive_id, now)
         if plan.rows.num_rows == 0 and recorded is None:
@@ -266,7 +251,7 @@ def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables,
         action = recorded or begin_action(tables, "redrive", actor, {**request.arguments(), "id": redrive_id},
                                           touched, action_id=redrive_id, run_id=run_id, now=now)
         rows, counts = plan.rows, _plan_counts(plan)
-        _write_plan(uri, rows.append_column("plan_counts", pa.array([json.dumps(counts)] * rows.num_rows)))
+        write_plan(uri, rows.append_column("plan_counts", pa.array([json.dumps(counts)] * rows.num_rows)))
     else:
         action = recorded
         counts = json.loads(rows["plan_counts"][0].as_py()) if rows.num_rows else {}

@@ -11,7 +11,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 State = Literal["planned", "staged", "done"]
 
@@ -53,3 +55,18 @@ def remove_tree(uri: str) -> None:
     fs, path = fs_of(uri)
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
         fs.delete_dir(path)
+
+
+def write_plan(uri: str, rows: pa.Table) -> None:
+    """Write an operator command's plan (the rows it will move or delete) whole or not at all."""
+    fs, path = fs_of(uri)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    pq.write_table(rows, path + ".tmp", filesystem=fs)
+    fs.move(path + ".tmp", path)  # a killed write leaves no half plan
+
+
+def read_plan(uri: str) -> pa.Table | None:
+    fs, path = fs_of(uri)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    return pq.read_table(path, filesystem=fs)

@@ -165,6 +165,13 @@ class QueueTables:
                 "are created by its first enqueue or cycle"
             ) from None
 
+    def message_rows(self, table: str, message_id: str) -> list[dict[str, Any]]:
+        """Every row of `message_id` in `table` (none when the table does not exist yet)."""
+        if not self.exists(table):
+            return []
+        return self.open(table).to_pyarrow_dataset().to_table(
+            filter=pads.field("message_id") == message_id).to_pylist()
+
     def exists(self, table: str) -> bool:
         return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
 
