@@ -34,8 +34,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
-from rich import box
-from rich.table import Table
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_duration
@@ -50,7 +48,7 @@ from poison_pipeline.operations.actions import (
     finish_action,
 )
 from poison_pipeline.operations.groups import group_id, group_key
-from poison_pipeline.operations.render import render, when
+from poison_pipeline.operations.render import breakdown, when
 from poison_pipeline.operations.selection import (
     Selection,
     SelectionError,
@@ -312,13 +310,7 @@ def format_purge(result: PurgeResult) -> str:
         lines.append(f"  completed interrupted purge(s) first: {', '.join(result.resumed)}")
     if result.purged:
         lines.append(f"  failed from {when(result.oldest_failure)} to {when(result.newest_failure)}")
-        groups = Table("failure group", "messages", box=box.SIMPLE)
-        for group, count in result.by_group.items():
-            groups.add_row(group, str(count))
-        types = Table("message type", "messages", box=box.SIMPLE)
-        for kind, count in result.by_message_type.items():
-            types.add_row(kind, str(count))
-        lines += [render(groups), render(types), f"  e.g. {', '.join(result.sample_ids)}"]
+        lines += breakdown(result.by_group, result.by_message_type, result.sample_ids)
     return "\n".join(lines)
 
 

@@ -29,14 +29,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from rich import box
-from rich.table import Table
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
 from poison_pipeline.operations.actions import DONE, begin_action, default_actor, find_action, finish_action
 from poison_pipeline.operations.groups import group_id, group_key
-from poison_pipeline.operations.render import render, when
+from poison_pipeline.operations.render import breakdown, when
 from poison_pipeline.operations.selection import Selection, SelectionError, check_table, selected
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import read_plan, remove_tree, write_plan
@@ -322,11 +320,5 @@ def format_redrive(result: RedriveResult) -> str:
     if result.moved and result.first_due != result.last_due:
         lines.append(f"  released from {when(result.first_due)} to {when(result.last_due)} (--rate)")
     if result.moved:
-        table = Table("failure group", "messages", box=box.SIMPLE)
-        for group, count in result.by_group.items():
-            table.add_row(group, str(count))
-        types = Table("message type", "messages", box=box.SIMPLE)
-        for kind, count in result.by_message_type.items():
-            types.add_row(kind, str(count))
-        lines += [render(table), render(types), f"  e.g. {', '.join(result.sample_ids)}"]
+        lines += breakdown(result.by_group, result.by_message_type, result.sample_ids)
     return "\n".join(lines)

@@ -7,6 +7,7 @@ import io
 import shutil
 from datetime import datetime
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -20,3 +21,14 @@ def render(table: Table) -> str:
 
 def when(moment: datetime | None) -> str:
     return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def breakdown(by_group: dict[str, int], by_message_type: dict[str, int], sample_ids: list[str]) -> list[str]:
+    """What an operator command takes, per failure group and per message type, with sample ids."""
+    groups = Table("failure group", "messages", box=box.SIMPLE)
+    for group, count in by_group.items():
+        groups.add_row(group, str(count))
+    types = Table("message type", "messages", box=box.SIMPLE)
+    for kind, count in by_message_type.items():
+        types.add_row(kind, str(count))
+    return [render(groups), render(types), f"  e.g. {', '.join(sample_ids)}"]
