@@ -4,6 +4,8 @@ a dry run that changes nothing, a rate, a limit, a loop guard, and an id that ma
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from poison_pipeline import cli
+from poison_pipeline.domain.declaration import LeaseSettings
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations import redrive as redrive_module
 from poison_pipeline.operations.actions import DONE, PLANNED, find_action
@@ -20,6 +23,7 @@ from poison_pipeline.operations.redrive import RedriveError, redrive
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.lease import LeaseHeld
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.recording_handlers import read_lines
 from poison_pipeline_tests.support import places, rows, table_versions
@@ -217,3 +221,28 @@ def test_a_failure_group_from_groups_selects_what_redrive_moves(lake):
     with pytest.raises(SelectionError, match="--group"):
         redrive(declaration, "q", "poison", Selection(group="0000beef"))
     assert table_versions(declaration) == before
+
+
+def test_a_redrive_against_a_running_cycle_waits_then_fails_naming_it_and_changes_nothing(spark, lake, tmp_path):
+    declaration, log = lake
+    impatient = declaration.model_copy(update={"lease": LeaseSettings(wait="500ms", expiry="3s")})
+    gate = tmp_path / "gate"
+    gate.touch()
+    assert not enqueue(declaration, "q", [{"message_id": "slow-1", "message_type": "t",
+                                           "body": {"hold_while": str(gate), "log": str(log)}}]).refused
+    cycle = threading.Thread(target=lambda: run_cycle(spark, declaration, "q", "inbound", run_id="busy-cycle"))
+    cycle.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(line["id"] == "slow-1" for line in read_lines(log)):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        before = table_versions(declaration)
+        with pytest.raises(LeaseHeld, match="run busy-cycle \\(inbound cycle\\)"):
+            redrive(impatient, "q", "poison", Selection(message_type="withdrawal"))
+        assert table_versions(declaration) == before
+    finally:
+        gate.unlink()
+        cycle.join()
+    # Once the cycle is done, the same redrive goes through.
+    assert redrive(impatient, "q", "poison", Selection(message_type="withdrawal")).moved == 3
