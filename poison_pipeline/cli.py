@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import NoReturn
 
 from deltalake.exceptions import DeltaError
 from rich.console import Console
+from rich.progress import Progress
 
 from poison_pipeline.broker.conversations import (
     CONVERSATION_ENDED,
@@ -352,11 +353,24 @@ def _selection(args: argparse.Namespace) -> Selection:
                      args.failed_before, ids, args.where)
 
 
+@contextlib.contextmanager
+def _progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr when it is a terminal; nothing otherwise (pipes, logs, tests)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
 def _redrive(args: argparse.Namespace) -> int:
     declaration = _declaration(args)
     try:
-        result = redrive(declaration, args.queue, args.source, _selection(args), to=args.to, dry_run=args.dry_run,
-                         rate=args.rate, limit=args.limit, redrive_id=args.id, force=args.force, actor=args.actor)
+        with _progress_bar("redriving") as progress:
+            result = redrive(declaration, args.queue, args.source, _selection(args), to=args.to,
+                             dry_run=args.dry_run, rate=args.rate, limit=args.limit, redrive_id=args.id,
+                             force=args.force, actor=args.actor, progress=progress)
     except (RedriveError, SelectionError) as error:
         raise UsageError(str(error)) from None
     if args.json:

@@ -246,3 +246,11 @@ def test_a_redrive_against_a_running_cycle_waits_then_fails_naming_it_and_change
         cycle.join()
     # Once the cycle is done, the same redrive goes through.
     assert redrive(impatient, "q", "poison", Selection(message_type="withdrawal")).moved == 3
+
+
+def test_a_redrive_reports_its_progress_chunk_by_chunk(lake):
+    declaration, _ = lake
+    heard: list[tuple[int, int]] = []
+    redrive(declaration, "q", "poison", Selection(message_type="withdrawal"), rate=0.05,
+            progress=lambda moved, total: heard.append((moved, total)))
+    assert heard == [(1, 3), (2, 3), (3, 3)]  # three chunks of due times: one append each

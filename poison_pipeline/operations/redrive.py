@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -104,9 +105,11 @@ def redrive(declaration: Declaration, queue: str, source: str, selection: Select
             to: str | None = None, dry_run: bool = False, rate: float | None = None, limit: int | None = None,
             redrive_id: str | None = None, force: bool = False, actor: str | None = None,
             run_id: str = "manual", now: datetime | None = None,
-            replace: dict[str, Replacement] | None = None) -> RedriveResult:
+            replace: dict[str, Replacement] | None = None,
+            progress: Callable[[int, int], None] | None = None) -> RedriveResult:
     """Send the selected failed messages of `queue`'s `source` table to the inbound of `to` (default:
     `queue`). Raises RedriveError or SelectionError, before anything is written, for a bad request.
+    `progress(moved, total)` hears of each chunk appended (a terminal shows a bar).
     `replace` gives new bodies and headers by message id (what `edit` does); an edit calls it
     holding the queue's lease already, which the same thread re-enters."""
     replacements = tuple(sorted((replace or {}).items()))
@@ -121,7 +124,7 @@ def redrive(declaration: Declaration, queue: str, source: str, selection: Select
     tables.ensure()
     with tables.lease("redrive", run_id):
         return _run(declaration, request, tables, redrive_id, actor or default_actor(), run_id,
-                    now or datetime.now(UTC))
+                    now or datetime.now(UTC), progress or (lambda moved, total: None))
 
 
 def _checked(declaration: Declaration, request: RedriveRequest) -> RedriveRequest:
@@ -232,7 +235,7 @@ def _plan_uri(tables: QueueTables, redrive_id: str) -> str:
 
 
 def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables, redrive_id: str, actor: str,
-         run_id: str, now: datetime) -> RedriveResult:
+         run_id: str, now: datetime, progress: Callable[[int, int], None]) -> RedriveResult:
     target = QueueTables.of(declaration, request.to)
     touched = [(tables, request.source), (target, INBOUND)]
     recorded = find_action(tables, redrive_id)
@@ -259,9 +262,12 @@ def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables,
         app_id = f"poison_pipeline/{redrive_id}"
         inbound = rows.select(schemas.MESSAGE.names)
         chunks = rows["chunk"].to_pylist()
+        moved = 0
         for chunk in sorted(set(chunks)):
             part = inbound.filter(pc.equal(rows["chunk"], chunk))
             target.append(INBOUND, part, app_id=app_id, version=chunk + 1)
+            moved += part.num_rows
+            progress(moved, rows.num_rows)
         _remove_from_source(tables, request.source, rows)
     finish_action(tables, action, {**counts, "moved": rows.num_rows}, touched)
     remove_tree(tables.work_uri("redrive", redrive_id))
