@@ -206,3 +206,29 @@ def test_undo_of_an_edit_already_processed_names_it(spark, lake):  # noqa: F811
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 0, ["db-0"])
     assert places(declaration)["db-0"] == ["processed:processed"]
     assert find_action(QueueTables.of(declaration, "q"), edit_id).state == UNDONE
+
+
+def test_undo_of_an_edit_killed_before_it_marked_the_edit_completes_once(lake, monkeypatch):  # noqa: F811
+    declaration, log = lake
+    original = body_of(declaration, "poison", "db-0")
+    edit_id = edited(declaration, log)
+    real = undo_module.mark_undone
+
+    def die_on_the_edit(tables, action):
+        if action.kind == "edit":
+            raise Crash
+        return real(tables, action)
+
+    monkeypatch.setattr(undo_module, "mark_undone", die_on_the_edit)
+    with pytest.raises(Crash):
+        undo(declaration, edit_id)
+    tables = QueueTables.of(declaration, "q")
+    assert find_action(tables, f"{edit_id}-redrive").state == UNDONE
+    assert find_action(tables, edit_id).state == DONE
+    monkeypatch.setattr(undo_module, "mark_undone", real)
+    result = undo(declaration, edit_id)
+    assert (result.how, result.restored, result.unrecoverable) == ("restore", 1, [])
+    assert find_action(tables, edit_id).state == UNDONE
+    assert poison_ids(declaration) == ["db-0", "db-1", "db-2", "own-1"]
+    assert body_of(declaration, "poison", "db-0") == original
+    assert rows(declaration, "inbound") == []
