@@ -709,10 +709,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     sub = command(
-        "undo", "reverse a redrive (itself recorded as an action)",
+        "undo", "reverse a redrive, an edit or a purge (itself recorded as an action)",
         "Undo ACTION_ID: when no other commit touched its tables since, restore each to the version it\n"
         "had before (Delta RESTORE); otherwise move back the messages still where it put them (from\n"
-        "the table as it was before, by Delta time travel) and name those that moved on since.",
+        "the table as it was before, by Delta time travel) and name those that moved on since. A purge\n"
+        "comes back from Delta time travel (until a vacuum deletes those files) and leaves the purged\n"
+        "ledger; an edit is undone through its redrive (the original body comes back).",
         _undo,
     )
     sub.add_argument("action_id", metavar="ACTION_ID", help="an action id from `actions`")
