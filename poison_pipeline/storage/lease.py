@@ -34,21 +34,11 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from poison_pipeline.domain.declaration import LeaseSettings
-from poison_pipeline.storage.schemas import TS
+from poison_pipeline.storage import schemas
 
 LEASE_TABLE = "_lease"
-SCHEMA = pa.schema([
-    pa.field("holder_id", pa.string()),  # null: nobody holds the lease
-    pa.field("purpose", pa.string()),
-    pa.field("run_id", pa.string()),
-    pa.field("host", pa.string()),
-    pa.field("pid", pa.int64()),
-    pa.field("since", TS),
-    pa.field("renewed_at", TS),
-    pa.field("expires_at", TS),
-])
 # Renewals add a version each: checkpoints and log clean-up keep reading the lease cheap.
-_TABLE_CONFIG = {"delta.checkpointInterval": "20", "delta.logRetentionDuration": "interval 1 days"}
+TABLE_CONFIG = {"delta.checkpointInterval": "20", "delta.logRetentionDuration": "interval 1 days"}
 _POLL_S = 0.5
 
 
@@ -110,8 +100,8 @@ class Lease:
     def _open(self) -> DeltaTable:
         if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
             try:
-                write_deltalake(self.uri, pa.Table.from_pylist([], schema=SCHEMA), mode="error",
-                                configuration=_TABLE_CONFIG, storage_options=self.storage_options)
+                write_deltalake(self.uri, pa.Table.from_pylist([], schema=schemas.LEASE), mode="error",
+                                configuration=TABLE_CONFIG, storage_options=self.storage_options)
             except DeltaError:
                 if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
                     raise  # not a creation race: a real storage problem
@@ -130,7 +120,7 @@ class Lease:
 
     def _write(self, snapshot: DeltaTable, row: dict[str, object] | None) -> bool:
         """Overwrite the row from `snapshot`; False when another commit came first."""
-        data = pa.Table.from_pylist([row] if row else [], schema=SCHEMA)
+        data = pa.Table.from_pylist([row] if row else [], schema=schemas.LEASE)
         try:
             write_deltalake(snapshot, data, mode="overwrite")
         except CommitFailedError:

@@ -134,6 +134,18 @@ CONVERSATIONS = pa.schema(
     ]
 )
 
+# A queue's lease (storage/lease.py): one row naming who holds it, or none when it is free.
+LEASE = pa.schema([
+    pa.field("holder_id", pa.string()),
+    pa.field("purpose", pa.string()),
+    pa.field("run_id", pa.string()),
+    pa.field("host", pa.string()),
+    pa.field("pid", pa.int64()),
+    pa.field("since", TS),
+    pa.field("renewed_at", TS),
+    pa.field("expires_at", TS),
+])
+
 # The operator actions taken on a queue (redrive, purge, enable, ...): who, when, with what, and the
 # Delta versions of the tables each touched before and after, so an action can be undone.
 ACTIONS = pa.schema(
