@@ -1,0 +1,138 @@
+"""The asset checks of a queue as plain functions: each reads Delta logs or one narrow column, no Spark.
+
+- conservation (error): what the queue ever accepted (the intake ledger) equals what it accounts for
+  (the conservation line: waiting, failed, terminal and purged);
+- one_place (error): no message id in two waiting or failure tables at once;
+- poison_growth, dead_letter_growth (warning): growth since the previous check over a threshold;
+- oldest_waiting (warning, per waiting table): a message due for longer than a threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, QUARANTINE
+from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.storage.intake import accepted_total, ensure_intake
+from poison_pipeline.storage.tables import QueueTables
+
+CONSERVATION = "conservation"
+ONE_PLACE = "one_place"
+POISON_GROWTH = "poison_growth"
+DEAD_LETTER_GROWTH = "dead_letter_growth"
+OLDEST_WAITING = "oldest_waiting"
+# What each growth check watches: the poison path is poison plus what its reader quarantined.
+GROWTH_TABLES: dict[str, tuple[str, ...]] = {POISON_GROWTH: (POISON, QUARANTINE),
+                                             DEAD_LETTER_GROWTH: (DEAD_LETTER,)}
+SAMPLE = 20
+
+
+class Severity(StrEnum):
+    ERROR = "error"
+    WARN = "warn"
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    name: str
+    table: str  # the table (asset) the check is about
+    severity: Severity
+    passed: bool
+    description: str
+    metadata: dict[str, int | float | str | list[str] | None] = field(default_factory=dict)
+
+
+def check_conservation(tables: QueueTables) -> CheckOutcome:
+    if accepted_total(tables) is None:
+        ensure_intake(tables)  # a lake older than the intake ledger: its opening balance starts it
+    accepted = accepted_total(tables) or 0
+    line = conservation(tables)
+    terms: dict[str, int | float | str | list[str] | None] = {
+        **{f"ledger_{kind}": n for kind, n in sorted(line.ledger.items())},
+        "waiting": line.waiting, "poison": line.poison, "dead_letter": line.dead_letter,
+        "quarantined": line.quarantined, "purged": line.purged,
+    }
+    difference = line.accounted - accepted
+    if difference == 0:
+        description = f"all {accepted} accepted messages are accounted for"
+    elif difference < 0:
+        description = f"{-difference} of {accepted} accepted messages are nowhere (lost)"
+    else:
+        description = f"{difference} more messages accounted for than were ever accepted ({accepted})"
+    return CheckOutcome(CONSERVATION, INBOUND, Severity.ERROR, difference == 0, description, {
+        "accepted": accepted, "accounted": line.accounted, "difference": difference, **terms,
+        "line": line.line(received=accepted)})
+
+
+def message_ids(tables: QueueTables, table: str) -> pa.Array:
+    """The distinct message ids of a table: one column of its files, read with pyarrow."""
+    if not tables.exists(table):
+        return pa.array([], pa.string())
+    column = tables.open(table).to_pyarrow_dataset().to_table(columns=["message_id"])["message_id"]
+    return pc.unique(column.combine_chunks() if column.num_chunks else pa.array([], pa.string()))
+
+
+def check_one_place(tables: QueueTables) -> CheckOutcome:
+    # A table may hold one id twice (enqueued twice, the later one a duplicate-to-be); two tables may not.
+    watched = (*tables.waiting, DEAD_LETTER, QUARANTINE)
+    ids = {table: message_ids(tables, table) for table in watched}
+    everything = pa.table({
+        "message_id": pa.concat_arrays([ids[t].cast(pa.string()) for t in watched]),
+        "table": pa.concat_arrays([pa.array([t] * len(ids[t]), pa.string()) for t in watched]),
+    })
+    grouped = everything.group_by("message_id").aggregate([("table", "count"), ("table", "list")])
+    twice = grouped.filter(pc.greater(grouped["table_count"], 1)).sort_by("message_id")
+    sample = [f"{mid}: {', '.join(where)}" for mid, where in
+              zip(twice["message_id"].to_pylist()[:SAMPLE], twice["table_list"].to_pylist()[:SAMPLE], strict=True)]
+    checked = sum(len(a) for a in ids.values())
+    description = (f"every one of {checked} message ids is in one table" if not twice.num_rows else
+                   f"{twice.num_rows} message id(s) in two tables at once, e.g. {sample[0]}")
+    return CheckOutcome(ONE_PLACE, INBOUND, Severity.ERROR, twice.num_rows == 0, description, {
+        "ids_checked": checked, "in_two_places": twice.num_rows, "sample": sample})
+
+
+def check_growth(tables: QueueTables, name: str, threshold: int, previous: int | None) -> CheckOutcome:
+    """Net growth of the watched tables' rows since `previous` (the last check's count; none: from 0)."""
+    watched = GROWTH_TABLES[name]
+    counts = {table: tables.open(table).count() if tables.exists(table) else 0 for table in watched}
+    rows = sum(counts.values())
+    growth = rows - (previous or 0)
+    since = "since the previous check" if previous is not None else "with no earlier check"
+    description = (f"{growth:+d} messages in {' + '.join(watched)} {since} (threshold {threshold}); "
+                   f"{rows} there now")
+    return CheckOutcome(name, watched[0], Severity.WARN, growth <= threshold, description, {
+        "rows": rows, "previous": previous, "growth": growth, "threshold": threshold,
+        **{f"rows_{table}": n for table, n in counts.items()}})
+
+
+def check_oldest_waiting(tables: QueueTables, table: str, threshold: timedelta,
+                         now: datetime | None = None) -> CheckOutcome:
+    """How long the table's oldest due message has been due, from the log's due_at statistics."""
+    now = now or datetime.now(UTC)
+    due = _oldest_due(tables, table)
+    age = max((now - due).total_seconds(), 0.0) if due is not None and due <= now else 0.0
+    passed = age <= threshold.total_seconds()
+    if due is None or due > now:
+        description = f"no message is due (threshold {threshold})"
+    else:
+        description = (f"the oldest due message has waited {timedelta(seconds=round(age))} since it was due "
+                       f"(threshold {threshold})")
+    if not passed:
+        description += ": is the queue disabled, its sensor stopped, or its cycles failing?"
+    return CheckOutcome(OLDEST_WAITING, table, Severity.WARN, passed, description, {
+        "oldest_due_age_s": round(age, 3), "threshold_s": threshold.total_seconds(),
+        "oldest_due_at": due.isoformat() if due is not None else None})
+
+
+def _oldest_due(tables: QueueTables, table: str) -> datetime | None:
+    if not tables.exists(table):
+        return None
+    actions = pa.table(tables.open(table).get_add_actions(flatten=True))
+    if actions.num_rows == 0 or "min.due_at" not in actions.column_names:
+        return None
+    return pc.min(actions["min.due_at"]).as_py()
