@@ -7,6 +7,7 @@ once its cycle has committed; run alone (the UI's "Execute checks"), it checks t
 from collections.abc import Iterator
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckKey,
     AssetCheckResult,
@@ -17,7 +18,6 @@ from dagster import (
     MetadataValue,
     multi_asset_check,
 )
-from dagster._core.storage.asset_check_execution_record import COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES
 
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.domain.declaration import Declaration
@@ -70,13 +70,15 @@ def check_keys(declaration: Declaration, queue: str) -> list[AssetCheckKey]:
 
 def _previous_rows(context: AssetCheckExecutionContext, key: AssetCheckKey) -> int | None:
     """The `rows` of this check's latest completed evaluation: the growth since then is measured."""
-    history = context.instance.event_log_storage.get_asset_check_execution_history(
-        key, limit=1, status=COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES)
-    if not history or history[0].event is None or history[0].event.dagster_event is None:
-        return None
-    evaluation = history[0].event.dagster_event.event_specific_data
-    value = getattr(evaluation, "metadata", {}).get("rows")
-    return int(value.value) if value is not None else None
+    # This run's own evaluation is already planned (newest, not completed); runs that failed before
+    # evaluating leave planned records only: the first completed one is the previous evaluation.
+    for record in context.instance.event_log_storage.get_asset_check_execution_history(key, limit=20):
+        entry = record.event.dagster_event if record.event is not None else None
+        evaluation = entry.event_specific_data if entry is not None else None
+        if record.run_id != context.run.run_id and isinstance(evaluation, AssetCheckEvaluation):
+            value = evaluation.metadata.get("rows")
+            return int(value.value) if value is not None else None
+    return None
 
 
 def _metadata(value: object) -> MetadataValue:
