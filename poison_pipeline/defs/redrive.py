@@ -191,7 +191,6 @@ def redrive_job(queue: str) -> "UnresolvedAssetJobDefinition":
     return define_asset_job(
         name=redrive_job_name(queue),
         selection=[redrive_asset_key(queue)],
-        partitions_def=REDRIVE_PARTITIONS,
         executor_def=in_process_executor,
         tags={QUEUE_TAG: queue},
         description=f"Redrives the failures of the chosen days back into {queue}/{INBOUND}.",
