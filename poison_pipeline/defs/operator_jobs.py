@@ -3,15 +3,13 @@ purge and undo of one queue, each calling the function the CLI calls and recorde
 actions ledger with the actor and the run id. One job per queue and action, so every run carries
 the queue's tag (dagster.yaml: one run per queue at a time)."""
 
-from __future__ import annotations
-
 import base64
 import binascii
 import json
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from dagster import (
     Config,
@@ -83,7 +81,7 @@ class EditConfig(Config):
         return value
 
     @model_validator(mode="after")
-    def _decodable(self) -> EditConfig:
+    def _decodable(self) -> Self:
         self.body_bytes()
         return self
 
@@ -135,14 +133,14 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))
 
 
-def _output(result: Any, **numbers: int) -> Output[None]:
+def _output(result: Any, **numbers: int) -> Output:
     metadata: dict[str, Any] = {name: MetadataValue.int(int(count)) for name, count in numbers.items()}
     metadata["result"] = MetadataValue.json(_jsonable(asdict(result)))
     return Output(None, metadata=metadata)
 
 
-def _enable(declaration: Declaration, queue: str) -> Callable[..., Output[None]]:
-    def run(context: OpExecutionContext, config: EnableConfig) -> Output[None]:
+def _enable(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: EnableConfig) -> Output:
         result = enable(declaration, queue, actor_of(context, config.actor), config.reason, run_id=context.run.run_id)
         context.log.info(f"queue {queue!r} enabled ({'it was disabled' if result.changed else 'it was enabled'}); "
                          f"action {result.action.action_id}")
@@ -151,8 +149,8 @@ def _enable(declaration: Declaration, queue: str) -> Callable[..., Output[None]]
     return run
 
 
-def _end_conversation(declaration: Declaration, queue: str) -> Callable[..., Output[None]]:
-    def run(context: OpExecutionContext, config: EndConversationConfig) -> Output[None]:
+def _end_conversation(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: EndConversationConfig) -> Output:
         actor = actor_of(context, config.actor)
         check_end_request(declaration, queue, config.conversation_id, config.code, config.description, actor)
         ended = end_conversation_by_operator(declaration, queue, config.conversation_id, config.code,
@@ -167,8 +165,8 @@ def _end_conversation(declaration: Declaration, queue: str) -> Callable[..., Out
     return run
 
 
-def _edit(declaration: Declaration, queue: str) -> Callable[..., Output[None]]:
-    def run(context: OpExecutionContext, config: EditConfig) -> Output[None]:
+def _edit(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: EditConfig) -> Output:
         result = edit(declaration, config.message_id, config.body_bytes(), config.headers, queue=queue,
                       source=config.source, edit_id=config.edit_id, actor=actor_of(context, config.actor),
                       run_id=context.run.run_id)
@@ -179,8 +177,8 @@ def _edit(declaration: Declaration, queue: str) -> Callable[..., Output[None]]:
     return run
 
 
-def _purge(declaration: Declaration, queue: str) -> Callable[..., Output[None]]:
-    def run(context: OpExecutionContext, config: PurgeConfig) -> Output[None]:
+def _purge(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: PurgeConfig) -> Output:
         selection = config.selection(*(moment(t) if t else None for t in (config.failed_after, config.failed_before)))
         # Derived from the run: re-executing a failed purge run completes that purge.
         result = purge(declaration, queue, config.table, config.older_than, selection, dry_run=not config.confirm,
@@ -192,8 +190,8 @@ def _purge(declaration: Declaration, queue: str) -> Callable[..., Output[None]]:
     return run
 
 
-def _undo(declaration: Declaration, queue: str) -> Callable[..., Output[None]]:
-    def run(context: OpExecutionContext, config: UndoConfig) -> Output[None]:
+def _undo(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: UndoConfig) -> Output:
         if find_action(QueueTables.of(declaration, queue), config.action_id) is None:
             elsewhere = find_recorded(declaration, config.action_id)
             where = f"; it is queue {elsewhere.queue!r}'s: run {operator_job_name(elsewhere.queue, 'undo')}" \
@@ -210,7 +208,7 @@ def _undo(declaration: Declaration, queue: str) -> Callable[..., Output[None]]:
     return run
 
 
-_ACTIONS: dict[str, tuple[Callable[[Declaration, str], Callable[..., Output[None]]], type[Config], str]] = {
+_ACTIONS: dict[str, tuple[Callable[[Declaration, str], Callable[..., Output]], type[Config], str]] = {
     "enable": (_enable, EnableConfig, "Enables the queue, resuming its cycles."),
     "end_conversation": (_end_conversation, EndConversationConfig,
                          "Ends a conversation with an error, dead-lettering its waiting messages."),
@@ -224,11 +222,11 @@ def _operator_job(declaration: Declaration, queue: str, action: str) -> JobDefin
     factory, config_class, description = _ACTIONS[action]
     body = factory(declaration, queue)
 
-    def compute(context: OpExecutionContext, config: Config) -> Output[None]:
+    def compute(context: OpExecutionContext, config: Config) -> Output:
         return body(context, config)
 
     # The config parameter's annotation is what Dagster turns into the Launchpad's schema.
-    compute.__annotations__ = {"context": OpExecutionContext, "config": config_class, "return": Output[None]}
+    compute.__annotations__ = {"context": OpExecutionContext, "config": config_class, "return": Output}
     step = op(name=operator_op_name(queue, action), out=Out(Nothing), description=description)(compute)
 
     @job(name=operator_job_name(queue, action), tags={QUEUE_TAG: queue}, executor_def=in_process_executor,

@@ -1,8 +1,6 @@
 """The daily retention of a queue: a schedule that purges what failed longer ago than the queue's
 declared `retention` (operations/purge.apply_retention), defined only for a queue that declares one."""
 
-from __future__ import annotations
-
 from dagster import (
     DefaultScheduleStatus,
     JobDefinition,
@@ -28,7 +26,7 @@ RETENTION_CRON = "15 3 * * *"
 def retention_job(declaration: Declaration, queue: str) -> JobDefinition:
     @op(name=f"{retention_job_name(queue)}_op", out=Out(Nothing),
         description="Purges the failed messages older than the queue's declared retention.")
-    def apply(context: OpExecutionContext) -> Output[None]:
+    def apply(context: OpExecutionContext) -> Output:
         results = apply_retention(declaration, queue, run_id=context.run.run_id)
         for result in results:
             context.log.info(format_purge(result))
