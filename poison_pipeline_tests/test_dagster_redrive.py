@@ -4,6 +4,7 @@ and never at once with a cycle of the same queue."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -21,7 +22,12 @@ from dagster import (
     execute_job,
     instance_for_test,
 )
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG, BACKFILL_ID_TAG
+from dagster._core.test_utils import create_test_daemon_workspace_context
+from dagster._core.workspace.load_target import ModuleTarget
+from dagster._daemon.backfill import execute_backfill_iteration
 
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import QUEUE_TAG, USER_TAG, job_name, redrive_asset_key, redrive_job_name
@@ -245,3 +251,37 @@ def test_a_redrive_and_a_cycle_of_the_same_queue_launched_together_run_one_after
     assert all(where[f"d{i}-{kind}"] == ["inbound"] for i in range(3) for kind in ("withdrawal", "refund"))
     assert conservation(QueueTables.of(lake, "q")).accounted == 7
     assert find_action(QueueTables.of(lake, "q"), redrive_id(results[redrive_job_name("q")].run_id, "poison"))
+
+
+@pytest.mark.e2e
+def test_an_asset_backfill_over_two_days_launches_one_run_that_redrives_exactly_those_days(
+        lake, tmp_path, monkeypatch):
+    """Through Dagster's own backfill daemon code: the single-run policy makes the range one run."""
+    monkeypatch.setenv("POISON_PIPELINE_CONFIG", str(write_config(lake, tmp_path / "config.yaml")))
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    target = ModuleTarget(module_name="poison_pipeline.definitions", attribute="defs", working_directory=None,
+                          location_name="poison_pipeline")
+    with instance_for_test(temp_dir=str(home), synchronous_run_launcher=True,
+                           synchronous_run_coordinator=True) as instance, \
+            create_test_daemon_workspace_context(target, instance) as workspace:
+        backfill = PartitionBackfill.from_asset_partitions(
+            backfill_id="redrive-two-days", asset_graph=workspace.create_request_context().asset_graph,
+            partition_names=[day(0), day(1)], asset_selection=[redrive_asset_key("q")],
+            backfill_timestamp=time.time(), tags={USER_TAG: "erin"}, dynamic_partitions_store=instance,
+            all_partitions=False, title=None, description=None, run_config=None)
+        instance.add_backfill(backfill)
+        deadline = time.monotonic() + 120
+        while instance.get_backfill(backfill.backfill_id).status == BulkActionStatus.REQUESTED:
+            assert time.monotonic() < deadline
+            list(execute_backfill_iteration(workspace, logging.getLogger("backfill")))
+        runs = instance.get_runs(RunsFilter(tags={BACKFILL_ID_TAG: backfill.backfill_id}))
+        assert instance.get_backfill(backfill.backfill_id).status == BulkActionStatus.COMPLETED_SUCCESS
+    [run] = runs
+    assert run.status == DagsterRunStatus.SUCCESS
+    assert (run.tags[ASSET_PARTITION_RANGE_START_TAG], run.tags[ASSET_PARTITION_RANGE_END_TAG]) == (day(0), day(1))
+    where = places(lake)
+    assert sorted(m for m, found in where.items() if found == ["inbound"]) == [
+        "d0-refund", "d0-withdrawal", "d1-refund", "d1-withdrawal"]
+    assert where["d2-withdrawal"] == where["d2-refund"] == ["poison"]
+    assert {(a.actor, a.run_id) for a in list_actions(lake, "q")} == {("erin", run.run_id)}
