@@ -35,6 +35,7 @@ from poison_pipeline.defs.redrive import REDRIVE_START, redrive_id
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.actions import DONE, find_action, list_actions
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.dagster_support import (
@@ -146,13 +147,25 @@ def test_a_dry_run_reports_what_would_move_and_changes_no_table(lake):
     assert seen["redrive_ids"] == []
 
 
+def test_a_failure_group_selects_its_rows_in_every_source_table_that_has_them(lake):
+    # The error message names the message type ("message d0-withdrawal always fails"): one group per type.
+    [group] = {g.id for t in ("poison", "quarantine") for g in failure_groups(lake, "q", t)
+               if g.message_types == {"withdrawal": 1} or g.message_types == {"withdrawal": 2}}
+    with DagsterInstance.ephemeral() as instance:
+        result = redrive_job(lake).execute_in_process(
+            instance=instance, run_config=run_config(OP, {"dry_run": True, "group": group}), tags=days(0, 2))
+    seen = metadata(result, partitions=3)
+    assert seen["by_group"] == {group: 3} and seen["by_message_type"] == {"withdrawal": 3}
+    assert seen["by_source"] == {"poison": {"moved": 2, "selected": 2}, "quarantine": {"moved": 1, "selected": 1}}
+
+
 @pytest.mark.parametrize(("config", "says"), [
     ({"source_tables": ["inbound"]}, "source_tables"),
     ({"rate": -5}, "rate"),
     ({"limit": 0}, "limit"),
     ({"where": "message_id = 'x'; DROP TABLE poison"}, "where"),
     ({"where": "no_such_column = 1"}, "is not a predicate over the columns"),
-    ({"group": "0000beef"}, "failure group '0000beef'"),
+    ({"group": "0000beef"}, "group: failure group '0000beef'"),
 ])
 def test_invalid_config_fails_before_touching_any_table_naming_what_is_wrong(lake, config, says):
     before = table_versions(lake)

@@ -27,6 +27,7 @@ from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
 from poison_pipeline.operations.actions import find_action
 from poison_pipeline.operations.groups import UnknownGroup, locate_group
 from poison_pipeline.operations.redrive import SAMPLE, RedriveResult, redrive
+from poison_pipeline.operations.selection import SelectionError
 from poison_pipeline.storage.tables import QueueTables
 
 if TYPE_CHECKING:
@@ -82,17 +83,17 @@ def redrive_id(root: str, source: str) -> str:
 
 
 def _sources(declaration: Declaration, queue: str, config: RedriveConfig) -> list[str]:
-    """The source tables to take from: with a group, those that have rows of it (UnknownGroup if none)."""
+    """The source tables to take from: with a group, those that have rows of it."""
     if config.group is None:
         return list(config.source_tables)
     try:
         found = {g.table for g in locate_group(declaration, config.group, queue)}
     except UnknownGroup as error:
-        raise UnknownGroup(config.group, f"group: {error}") from None
+        raise SelectionError(f"group: {error}") from None
     sources = [t for t in config.source_tables if t in found]
     if not sources:
-        raise UnknownGroup(config.group, f"group: it has rows in {', '.join(sorted(found))} of queue "
-                                         f"{queue!r}, none in source_tables {config.source_tables}")
+        raise SelectionError(f"group {config.group!r}: its rows are in {', '.join(sorted(found))} of queue "
+                             f"{queue!r}, none in source_tables {config.source_tables}")
     return sources
 
 
