@@ -152,7 +152,7 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
         partitions_def=REDRIVE_PARTITIONS,
         backfill_policy=BackfillPolicy.single_run(),
         description=f"Sends the messages that failed on the chosen days back into {queue}/{INBOUND}.",
-        metadata={"redrives_into": f"{queue}/{INBOUND}", "table_uri": tables.uri(INBOUND)},
+        metadata={"redrives_into": f"{queue}/{INBOUND}", "redrives_into_uri": tables.uri(INBOUND)},
     )
     def redrive_failures(context: AssetExecutionContext, config: RedriveConfig) -> MaterializeResult:
         window = context.partition_time_window
