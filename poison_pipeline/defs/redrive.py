@@ -27,7 +27,7 @@ from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
 from poison_pipeline.operations.actions import find_action
 from poison_pipeline.operations.groups import UnknownGroup, locate_group
 from poison_pipeline.operations.redrive import SAMPLE, RedriveResult, redrive
-from poison_pipeline.operations.selection import SelectionError
+from poison_pipeline.operations.selection import SelectionError, check_where, selection_filter
 from poison_pipeline.storage.tables import QueueTables
 
 if TYPE_CHECKING:
@@ -161,14 +161,19 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
         root = root_run_id(context.op_execution_context)
         selection = config.selection(failed_after=start, failed_before=end)
         sources = _sources(declaration, queue, config)
-        # Every source is planned before anything is written: a bad `where` or filter fails here,
-        # and the rate is shared by the tables that have something to move.
-        previews = [redrive(declaration, queue, s, selection, dry_run=True, limit=config.limit,
-                            force=config.force, redrive_id=redrive_id(root, s)) for s in sources]
-        if config.dry_run:
-            return MaterializeResult(metadata=_metadata(queue, start, end, True, previews))
-        busy = sum(1 for p in previews if p.moved) or 1
-        rate = config.rate / busy if config.rate is not None else None
+        # Every source is checked before anything is written, so a bad `where` or filter changes
+        # nothing; a dry run, or a rate shared by the tables that have something to move, plans each.
+        for source in sources:
+            selection_filter(selection, source)
+            check_where(tables, source, selection.where)
+        rate = config.rate
+        if config.dry_run or rate is not None:
+            previews = [redrive(declaration, queue, s, selection, dry_run=True, limit=config.limit,
+                                force=config.force, redrive_id=redrive_id(root, s)) for s in sources]
+            if config.dry_run:
+                return MaterializeResult(metadata=_metadata(queue, start, end, True, previews))
+            if rate is not None:
+                rate /= max(1, sum(1 for p in previews if p.moved))
         results: list[RedriveResult] = []
         remaining = config.limit
         for source in sources:
