@@ -8,14 +8,17 @@ from poison_pipeline.defs.alerts import queue_disabled_job, queue_disabled_senso
 from poison_pipeline.defs.assets import queue_assets
 from poison_pipeline.defs.checks import check_keys, queue_checks
 from poison_pipeline.defs.jobs import cycle_job
+from poison_pipeline.defs.operator_jobs import operator_jobs
+from poison_pipeline.defs.redrive import redrive_asset, redrive_job
 from poison_pipeline.defs.resources import SparkResource
+from poison_pipeline.defs.schedules import retention_schedules
 from poison_pipeline.defs.sensors import transmission_sensor, waiting_sensor
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
 
 def build_definitions(declaration: Declaration) -> Definitions:
-    assets, checks, jobs, sensors = [], [], [], []
+    assets, checks, jobs, sensors, schedules = [], [], [], [], []
     for queue in declaration.queues:
         assets.extend(queue_assets(declaration, queue))
         checks.append(queue_checks(declaration, queue))
@@ -27,11 +30,16 @@ def build_definitions(declaration: Declaration) -> Definitions:
         sensors.append(transmission_sensor(declaration, queue))
         jobs.append(queue_disabled_job(declaration, queue))
         sensors.append(queue_disabled_sensor(declaration, queue))
+        # The operator's console: redrive by failure day, actions with typed config, retention.
+        assets.append(redrive_asset(declaration, queue))
+        jobs += [redrive_job(queue), *operator_jobs(declaration, queue)]
+        schedules += retention_schedules(declaration, queue)
     return Definitions(
         assets=assets,
         asset_checks=checks,
         jobs=jobs,
         sensors=sensors,
+        schedules=schedules,
         resources={"spark": SparkResource.from_settings(declaration.spark)},
         # Every step of a run shares one process and so one Spark session.
         executor=in_process_executor,
