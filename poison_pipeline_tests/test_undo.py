@@ -69,7 +69,7 @@ def test_undo_refuses_what_it_cannot_undo(lake):  # noqa: F811
         undo(declaration, "nope")
     done = redrive(declaration, "q", "poison", WITHDRAWALS)
     reverse = undo(declaration, done.action_id)
-    with pytest.raises(UndoError, match="is a undo, which cannot be undone"):
+    with pytest.raises(UndoError, match="is of kind 'undo', which cannot be undone"):
         undo(declaration, reverse.undo_id)
 
 
