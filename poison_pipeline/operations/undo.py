@@ -117,13 +117,17 @@ def _way(declaration: Declaration, action: Action) -> str:
     return RESTORE
 
 
+def _recorded_way(declaration: Declaration, tables: QueueTables, action: Action) -> tuple[Action | None, str]:
+    """The record of an interrupted run of this undo, if any (the way it chose stands), and the way."""
+    recorded = find_action(tables, f"undo-{action.action_id}")
+    return recorded, recorded.arguments["how"] if recorded else _way(declaration, action)
+
+
 def _begin(tables: QueueTables, action: Action, actor: str, run_id: str, now: datetime, how: str,
-           touched: list[tuple[QueueTables, str]]) -> Action:
-    """The undo's record: the one an interrupted run made (its way stands), or a new one, planned."""
-    undo_id = f"undo-{action.action_id}"
-    return find_action(tables, undo_id) or begin_action(
-        tables, "undo", actor, {"action_id": action.action_id, "how": how}, touched, action_id=undo_id,
-        run_id=run_id, now=now)
+           touched: list[tuple[QueueTables, str]], recorded: Action | None) -> Action:
+    """The undo's record: the one an interrupted run made, or a new one, planned."""
+    return recorded or begin_action(tables, "undo", actor, {"action_id": action.action_id, "how": how}, touched,
+                                    action_id=f"undo-{action.action_id}", run_id=run_id, now=now)
 
 
 def _complete(tables: QueueTables, record: Action, action: Action, result: UndoResult,
@@ -140,11 +144,10 @@ def _undo_redrive(declaration: Declaration, tables: QueueTables, action: Action,
                   now: datetime) -> UndoResult:
     source, target = action.arguments["from"], QueueTables.of(declaration, action.arguments["to"])
     touched = [(tables, source), (target, INBOUND)]
-    recorded = find_action(tables, f"undo-{action.action_id}")
-    record = _begin(tables, action, actor, run_id, now,
-                    recorded.arguments["how"] if recorded else _way(declaration, action), touched)
+    recorded, how = _recorded_way(declaration, tables, action)
+    record = _begin(tables, action, actor, run_id, now, how, touched, recorded)
     with target.lease("undo", run_id):
-        if record.arguments["how"] == RESTORE:
+        if how == RESTORE:
             result = _restore(declaration, action, record.action_id)
         else:
             result = _compensate(tables, source, target, action, record.action_id)
@@ -260,12 +263,11 @@ def _undo_purge(declaration: Declaration, tables: QueueTables, action: Action, a
                 now: datetime) -> UndoResult:
     source = action.arguments["table"]
     touched = [(tables, source), (tables, PURGED)]
-    recorded = find_action(tables, f"undo-{action.action_id}")
-    how = recorded.arguments["how"] if recorded else _way(declaration, action)
+    recorded, how = _recorded_way(declaration, tables, action)
     # Worked out before anything is recorded: when nothing at all can come back, the undo refuses
     # and changes nothing.
     plan = _purge_back(tables, source, action) if how == COMPENSATE else None
-    record = _begin(tables, action, actor, run_id, now, how, touched)
+    record = _begin(tables, action, actor, run_id, now, how, touched, recorded)
     if plan is None:
         result = _restore(declaration, action, record.action_id, counted="purged")
     else:
