@@ -299,6 +299,8 @@ def assert_consistent(declaration: Declaration, scenario: Scenario) -> None:
 def test_the_commit_points_are_the_ones_the_kills_cover(census, name):
     made = census(name)
     assert made["unseen"] == [], "a commit no kill can follow"
+    if SCENARIOS[name].operation == "undo":  # each scenario takes the way its name says
+        assert made["result"]["how"] == name.rsplit(" ", 1)[1]
     assert made["commits"] == COMMITS[name], (
         f"the commit points of {name!r} changed: update COMMITS[{name!r}] so that the kill test "
         "covers each of them")
