@@ -29,6 +29,7 @@ from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.support import rows, table_versions
+from poison_pipeline_tests.test_operation_crash import COMMITS
 
 RECORDING = "poison_pipeline_tests.recording_handlers:recording"
 MOVE = {"receive_retry_count": 0, "max_retry_cycles": 0, "retry_cycle_delay": 0,
@@ -282,19 +283,25 @@ def test_the_cli_confirms_refuses_without_a_terminal_and_prints_stable_json(lake
         assert expected in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("step", STEPS)
-def test_a_real_kill_9_after_each_durable_step_and_the_next_purge_completes_it(lake, tmp_path, step):
+PURGE_COMMITS = COMMITS["purge"]  # the census in test_operation_crash keeps it true to the code
+
+
+@pytest.mark.parametrize("step", range(1, len(PURGE_COMMITS) + 1))
+def test_a_real_kill_9_after_each_commit_point_and_the_next_purge_completes_it(lake, tmp_path, step):
     declaration, _ = lake
     now = datetime.now(UTC) + LATER
-    killed = subprocess.run([sys.executable, "-m", "poison_pipeline_tests.purge_process",
-                             _config(declaration, tmp_path), step, now.isoformat()],
+    args = {"queue": "q", "table": "poison", "older_than": "30d", "selection": {"message_type": "withdrawal"},
+            "id": "p1", "now": now.isoformat()}
+    killed = subprocess.run([sys.executable, "-m", "poison_pipeline_tests.operation_process",
+                             _config(declaration, tmp_path), "purge", str(step), json.dumps(args)],
                             capture_output=True, text=True, timeout=120)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert json.loads(killed.stdout.splitlines()[-1])["commit"] == PURGE_COMMITS[step - 1]
     # The next purge of the queue, whatever it asks, completes p1 first (once the lease the killed
     # process held has expired).
     other = purge(declaration, "q", "quarantine", "30d", now=now)
     # Killed after it was recorded done, it has nothing left to complete.
-    assert other.purged == 3 and other.resumed == ([] if step == "finish" else ["p1"])
+    assert other.purged == 3 and other.resumed == ([] if step == len(PURGE_COMMITS) else ["p1"])
     assert not (Path(declaration.lake_root) / "q" / "_work" / "purge").exists() or not any(
         (Path(declaration.lake_root) / "q" / "_work" / "purge").iterdir())  # no plan left behind
     assert ids(declaration, "poison") == ["new-2"]

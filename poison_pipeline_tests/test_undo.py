@@ -5,20 +5,27 @@ come back; run again, nothing changes."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+import yaml
 from deltalake import DeltaTable
 
+from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations import undo as undo_module
-from poison_pipeline.operations.actions import DONE, UNDONE, find_action
+from poison_pipeline.operations.actions import DONE, PLANNED, UNDONE, begin_action, find_action
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.edit import edit, edits_of
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
-from poison_pipeline.operations.undo import UndoError, undo
+from poison_pipeline.operations.undo import UndoError, format_undo, undo
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import PURGED, QueueTables
 from poison_pipeline_tests.support import places, rows, table_versions
@@ -69,7 +76,7 @@ def test_undo_refuses_what_it_cannot_undo(lake):  # noqa: F811
         undo(declaration, "nope")
     done = redrive(declaration, "q", "poison", WITHDRAWALS)
     reverse = undo(declaration, done.action_id)
-    with pytest.raises(UndoError, match="is a undo, which cannot be undone"):
+    with pytest.raises(UndoError, match="is of kind 'undo', which cannot be undone"):
         undo(declaration, reverse.undo_id)
 
 
@@ -232,3 +239,141 @@ def test_undo_of_an_edit_killed_before_it_marked_the_edit_completes_once(lake, m
     assert poison_ids(declaration) == ["db-0", "db-1", "db-2", "own-1"]
     assert body_of(declaration, "poison", "db-0") == original
     assert rows(declaration, "inbound") == []
+
+
+# Vacuumed purges: what time travel can still read comes back, the rest is named with the reason.
+
+
+def _files_holding(declaration, table: str, version: int, message_id: str) -> list[str]:
+    """The files of `table` at `version` that hold a row of `message_id`."""
+    old = DeltaTable(QueueTables.of(declaration, "q").uri(table), version=version)
+    paths = [uri.removeprefix("file://") for uri in old.file_uris()]
+    return [p for p in paths if message_id in pq.read_table(p, columns=["message_id"])["message_id"].to_pylist()]
+
+
+def test_undo_of_a_partly_vacuumed_purge_brings_back_what_it_can_read_and_names_the_rest(spark, lake):  # noqa: F811
+    declaration, _ = lake
+    assert not enqueue(declaration, "q", [{"message_id": "late-1", "message_type": "withdrawal",
+                                           "body": {"fail": True}}]).refused
+    run_cycle(spark, declaration, "q", "inbound")  # a second batch in poison, in a file of its own
+    done = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
+    assert poison_ids(declaration) == ["own-1"] and len(purged(declaration)) == 4
+    tables = QueueTables.of(declaration, "q")
+    before = find_action(tables, done.action_id).versions["q/poison"]["before"]
+    # A vacuum that stopped half way (or a lifecycle rule of the object store) deleted the file that
+    # held db-0..2 before the purge; late-1's is still there. No commit records it.
+    (gone,) = _files_holding(declaration, "poison", before, "db-0")
+    assert _files_holding(declaration, "poison", before, "late-1") != [gone]
+    os.remove(gone)
+    result = undo(declaration, done.action_id)
+    # Nothing committed since the purge, but a RESTORE to a version with a file missing would fail (or
+    # leave a table pointing at nothing): the undo compensates instead.
+    assert (result.how, result.restored, result.unrecoverable) == ("compensate", 1, ["db-0", "db-1", "db-2"])
+    ((why, which),) = result.unrecoverable_reasons.items()
+    assert which == ["db-0", "db-1", "db-2"] and "vacuum deleted" in why and f"version {before}" in why
+    assert poison_ids(declaration) == ["late-1", "own-1"]
+    # What cannot come back stays purged: the ledger still says so, and the line balances.
+    assert purged(declaration) == [(f"db-{i}", done.action_id) for i in range(3)]
+    balanced(declaration, received=5)
+    assert find_action(tables, done.action_id).state == UNDONE
+    assert "3 cannot come back: their rows were in 1 file(s) of q/poison" in format_undo(result)
+    after = table_versions(declaration)
+    assert undo(declaration, done.action_id).already_undone
+    assert table_versions(declaration) == after
+
+
+def test_undo_of_a_purge_whose_files_are_all_gone_refuses_even_with_no_commit_since(lake):  # noqa: F811
+    declaration, _ = lake
+    done = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
+    tables = QueueTables.of(declaration, "q")
+    before = find_action(tables, done.action_id).versions["q/poison"]["before"]
+    for path in _files_holding(declaration, "poison", before, "db-0"):
+        os.remove(path)
+    versions = table_versions(declaration)
+    with pytest.raises(UndoError, match=r"none of its 3 message\(s\) can come back .*vacuum deleted.*"
+                                        r"db-0, db-1, db-2\)\. Nothing was changed"):
+        undo(declaration, done.action_id)
+    assert table_versions(declaration) == versions
+    assert find_action(tables, done.action_id).state == DONE
+    assert poison_ids(declaration) == ["own-1"]
+    balanced(declaration)
+
+
+# The command, run as operators run it: the console script, one process per command.
+
+COMMAND = Path(sys.executable).with_name("poison-pipeline")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _config(declaration: Declaration, folder: Path) -> Path:
+    config = folder / "config.yaml"
+    config.write_text(yaml.safe_dump(json.loads(declaration.model_dump_json())))
+    return config
+
+
+def command(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # The declaration names the tests' handlers: the command must be able to import them.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([str(COMMAND), "--config", str(config), *args], capture_output=True, text=True,
+                          env=env, timeout=180)
+
+
+def test_the_command_undoes_a_purge_and_refuses_bad_input_changing_nothing(lake, tmp_path):  # noqa: F811
+    declaration, _ = lake
+    config = _config(declaration, tmp_path)
+    done = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
+    tables = QueueTables.of(declaration, "q")
+    begin_action(tables, "redrive", "dave", {"from": "poison"}, [(tables, "poison")], action_id="half-done")
+    versions = table_versions(declaration)
+    for args, problem in ((["nope"], "undo: error: no action 'nope' is recorded (see `poison-pipeline actions`)"),
+                          (["half-done"], "action 'half-done' is planned: run it again with its id to complete "
+                                          "it before undoing it")):
+        refused = command(config, "undo", *args)
+        assert (refused.returncode, refused.stdout) == (2, ""), refused.stderr
+        assert problem in refused.stderr
+        assert table_versions(declaration) == versions
+    assert find_action(tables, "half-done").state == PLANNED
+
+    ran = command(config, "undo", done.action_id, "--json", "--actor", "carol")
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert list(out) == ["undo_id", "action_id", "kind", "how", "restored", "unrecoverable", "already_undone",
+                         "unrecoverable_reasons"]
+    assert (out["kind"], out["how"], out["restored"], out["unrecoverable"]) == ("purge", "restore", 3, [])
+    assert poison_ids(declaration) == ["db-0", "db-1", "db-2", "own-1"] and purged(declaration) == []
+    balanced(declaration)
+    assert find_action(tables, out["undo_id"]).actor == "carol"
+
+    versions = table_versions(declaration)
+    again = command(config, "undo", done.action_id)
+    assert (again.returncode, again.stdout.strip()) == (0, f"action {done.action_id} was undone already: "
+                                                           "nothing changed"), again.stderr
+    not_undoable = command(config, "undo", out["undo_id"])
+    assert not_undoable.returncode == 2
+    assert (f"action '{out['undo_id']}' is of kind 'undo', which cannot be undone (undo reverses edit, purge, "
+            "redrive)") in not_undoable.stderr
+    assert table_versions(declaration) == versions
+
+
+def test_the_command_undoes_edits_and_names_the_one_already_processed(spark, lake, tmp_path):  # noqa: F811
+    declaration, log = lake
+    config = _config(declaration, tmp_path)
+    originals = {m: body_of(declaration, "poison", m) for m in ("db-0", "db-1")}
+    first = edit(declaration, "db-0", json.dumps({"log": str(log)}).encode()).edit_id
+    run_cycle(spark, declaration, "q", "inbound")  # the edited db-0 is processed
+    second = edit(declaration, "db-1", json.dumps({"log": str(log)}).encode()).edit_id
+
+    ran = command(config, "undo", second)  # nothing committed since: restored
+    assert ran.returncode == 0, ran.stderr
+    assert f"undid edit {second} by restore (undo-{second}): 1 message(s) back where they were" in ran.stdout
+    assert body_of(declaration, "poison", "db-1") == originals["db-1"]
+
+    late = command(config, "undo", first, "--json")  # db-0 was processed since: it cannot come back
+    assert late.returncode == 1, late.stderr
+    out = json.loads(late.stdout)
+    assert (out["how"], out["restored"], out["unrecoverable"]) == ("compensate", 0, ["db-0"])
+    assert out["unrecoverable_reasons"] == {"already processed by q": ["db-0"]}
+    assert places(declaration)["db-0"] == ["processed:processed"]
+    tables = QueueTables.of(declaration, "q")
+    assert find_action(tables, first).state == UNDONE and find_action(tables, second).state == UNDONE
+    assert [e["edit_id"] for e in edits_of(declaration, "db-0")] == [first]  # the history stays

@@ -16,9 +16,7 @@ from poison_pipeline.cli.common import (
     declaration_of,
     print_json,
 )
-from poison_pipeline.operations.undo import UndoError, UndoResult, undo
-
-NAMED = 10  # unrecoverable ids named on the line; --json lists them all
+from poison_pipeline.operations.undo import UndoError, format_undo, undo
 
 
 def add_parser(commands: Commands) -> None:
@@ -45,17 +43,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(asdict(result))
     else:
-        print(_text(args.action_id, result))
+        print(format_undo(result))
     return EXIT_INCOMPLETE if result.unrecoverable else EXIT_OK
 
-
-def _text(action_id: str, result: UndoResult) -> str:
-    if result.already_undone:
-        return f"action {action_id} was undone already: nothing changed"
-    lines = [f"undid {result.kind} {action_id} by {result.how} ({result.undo_id}): "
-             f"{result.restored} message(s) back where they were"]
-    if result.unrecoverable:
-        named = ", ".join(result.unrecoverable[:NAMED]) + (" ..." if len(result.unrecoverable) > NAMED else "")
-        lines.append(f"  {len(result.unrecoverable)} could not be brought back (they moved on since: processed or "
-                     f"failed again): {named}")
-    return "\n".join(lines)

@@ -215,12 +215,16 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
                                       run_id=run_id, now=at)
             _record(tables, edit_id, row)
         new_headers = dict(row["new_headers"] or [])
-        moved = redrive(declaration, queue, source, Selection(ids=(message_id,)), redrive_id=redrive_id,
-                        force=True, actor=action.actor, run_id=run_id, now=now,
-                        replace={message_id: _replacement(row["new_body"], new_headers)})
-        done = finish_action(tables, action, {"moved": moved.moved}, touched)
+        sent = redrive(declaration, queue, source, Selection(ids=(message_id,)), redrive_id=redrive_id,
+                       force=True, actor=action.actor, run_id=run_id, now=now,
+                       replace={message_id: _replacement(row["new_body"], new_headers)})
+        # Killed after its redrive was recorded done, the edit runs again: the redrive moves nothing
+        # now, and what it moved then is in its own record.
+        redriven = find_action(tables, redrive_id) if sent.already_done else None
+        moved = int(redriven.counts.get("moved", 0)) if redriven is not None else sent.moved
+        done = finish_action(tables, action, {"moved": moved}, touched)
     result = _result(edit_id, queue, source, message_id, row["new_body"], row, action.actor)
-    result.moved, result.action_id = moved.moved, done.action_id
+    result.moved, result.action_id = moved, done.action_id
     return result
 
 

@@ -3,19 +3,25 @@
 Two ways, as the ledger allows:
 
 - **restore**: when no other commit touched the action's tables since it finished (each is still
-  at the version it left it at), every table is restored to the version it had before (Delta
-  RESTORE, itself a commit);
+  at the version it left it at) and the files of the versions before it are all still there, every
+  table is restored to the version it had before (Delta RESTORE, itself a commit);
 - **compensate**: otherwise, the messages still where the action put them are moved back, taken
-  from the source table as it was before the action (Delta time travel), and those that moved on
-  since (processed, failed again...) are named as no longer recoverable.
+  from the table as it was before the action (Delta time travel), and those that cannot come back
+  are named, each with its reason.
 
-Both are safe to run again: a message is appended back only if it is not there already, under an
-app transaction, and removed from where the action put it only if it is still there.
+The undo is recorded `planned` with the way it chose, moves or restores, is recorded `done`, and
+then the action is marked `undone`. Killed at any point and run again, it goes on the way it chose,
+moves nothing twice (an append back is an app transaction; a row is removed only while it is still
+there) and answers as the uninterrupted undo would: what came back and what cannot are worked out
+from the tables each time, not remembered from the first run.
 
-- a **redrive**: from the target's inbound back to the failure table it came from;
-- a **purge**: the rows are taken from the table as it was before the purge (time travel, possible
-  until a vacuum deletes those files: then the undo refuses, naming them) and their rows leave the
-  `purged` ledger, so the conservation line still balances;
+- a **redrive**: from the target's inbound back to the failure table it came from; those that left
+  the inbound since (processed, or failed again) cannot come back;
+- a **purge**: the rows are read from the table as it was before the purge and their rows leave the
+  `purged` ledger, so the conservation line still balances. Time travel reads the files of that
+  version, which a vacuum deletes: what is still readable comes back, the rest stays purged (still
+  in the ledger) and is named with the reason; when nothing at all can come back, the undo refuses
+  and changes nothing;
 - an **edit**: its redrive (`<edit id>-redrive`, an action of its own) is undone as above, so the
   message comes back where it failed with its original body, and the edit is marked undone too; its
   `edits` row stays, as history.
@@ -29,10 +35,11 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.routing import INBOUND
+from poison_pipeline.domain.routing import INBOUND, PROCESSED
 from poison_pipeline.operations.actions import (
     DONE,
     UNDONE,
@@ -47,6 +54,8 @@ from poison_pipeline.operations.actions import (
 from poison_pipeline.storage.intake import record_intake
 from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
 
+RESTORE, COMPENSATE = "restore", "compensate"
+
 
 class UndoError(ValueError):
     """An action that cannot be undone; the message says why."""
@@ -59,8 +68,10 @@ class UndoResult:
     kind: str
     how: str  # "restore" or "compensate"
     restored: int = 0  # messages back where they were before the action
-    unrecoverable: list[str] = field(default_factory=list)  # moved on since: processed, failed again...
+    unrecoverable: list[str] = field(default_factory=list)  # cannot come back: see unrecoverable_reasons
     already_undone: bool = False
+    # Why they cannot come back: reason -> the ids it applies to (e.g. already processed, vacuumed).
+    unrecoverable_reasons: dict[str, list[str]] = field(default_factory=dict)
 
 
 def undo(declaration: Declaration, action_id: str, actor: str | None = None, run_id: str = "manual",
@@ -70,7 +81,7 @@ def undo(declaration: Declaration, action_id: str, actor: str | None = None, run
     if action is None:
         raise UndoError(f"no action {action_id!r} is recorded (see `poison-pipeline actions`)")
     if action.kind not in _UNDOERS:
-        raise UndoError(f"action {action_id!r} is a {action.kind}, which cannot be undone "
+        raise UndoError(f"action {action_id!r} is of kind {action.kind!r}, which cannot be undone "
                         f"(undo reverses {', '.join(sorted(_UNDOERS))})")
     if action.state == UNDONE:
         return UndoResult(f"undo-{action_id}", action_id, action.kind, "", already_undone=True)
@@ -91,28 +102,61 @@ def _untouched_since(declaration: Declaration, action: Action) -> bool:
     return True
 
 
+def _way(declaration: Declaration, action: Action) -> str:
+    """Restore when nothing committed since and every version before is still whole (a RESTORE to a
+    version whose files a vacuum deleted fails, or with ignore_missing_files makes a broken table)."""
+    if not _untouched_since(declaration, action):
+        return COMPENSATE
+    for key, versions in action.versions.items():
+        queue, table = key.split("/", 1)
+        try:
+            missing = _as_of_files(QueueTables.of(declaration, queue), table, versions["before"])[1]
+        except _LogGone:
+            return COMPENSATE
+        if missing:
+            return COMPENSATE
+    return RESTORE
+
+
+def _recorded_way(declaration: Declaration, tables: QueueTables, action: Action) -> tuple[Action | None, str]:
+    """The record of an interrupted run of this undo, if any (the way it chose stands), and the way."""
+    recorded = find_action(tables, f"undo-{action.action_id}")
+    return recorded, recorded.arguments["how"] if recorded else _way(declaration, action)
+
+
+def _begin(tables: QueueTables, action: Action, actor: str, run_id: str, now: datetime, how: str,
+           touched: list[tuple[QueueTables, str]], recorded: Action | None) -> Action:
+    """The undo's record: the one an interrupted run made, or a new one, planned."""
+    return recorded or begin_action(tables, "undo", actor, {"action_id": action.action_id, "how": how}, touched,
+                                    action_id=f"undo-{action.action_id}", run_id=run_id, now=now)
+
+
+def _complete(tables: QueueTables, record: Action, action: Action, result: UndoResult,
+              touched: list[tuple[QueueTables, str]]) -> None:
+    """Record the undo done and the action undone, each unless an interrupted run did already."""
+    if record.state != DONE:
+        finish_action(tables, Action(**{**record.__dict__, "arguments": {**record.arguments, "how": result.how}}),
+                      {"restored": result.restored, "unrecoverable": len(result.unrecoverable)}, touched)
+    if find_action(tables, action.action_id).state != UNDONE:
+        mark_undone(tables, action)
+
+
 def _undo_redrive(declaration: Declaration, tables: QueueTables, action: Action, actor: str, run_id: str,
                   now: datetime) -> UndoResult:
     source, target = action.arguments["from"], QueueTables.of(declaration, action.arguments["to"])
-    undo_id = f"undo-{action.action_id}"
     touched = [(tables, source), (target, INBOUND)]
-    restore = _untouched_since(declaration, action)
-    record = begin_action(tables, "undo", actor, {"action_id": action.action_id, "how": "restore" if restore
-                                                  else "compensate"}, touched, action_id=undo_id, run_id=run_id,
-                          now=now)
-    how = record.arguments["how"]  # as first decided, when an interrupted undo runs again
+    recorded, how = _recorded_way(declaration, tables, action)
+    record = _begin(tables, action, actor, run_id, now, how, touched, recorded)
     with target.lease("undo", run_id):
-        if how == "restore":
-            result = _restore(declaration, action, undo_id)
+        if how == RESTORE:
+            result = _restore(declaration, action, record.action_id)
         else:
-            result = _compensate(tables, source, target, action, undo_id)
+            result = _compensate(tables, source, target, action, record.action_id)
         if target.queue != tables.queue:  # the reverse of the redrive's intake rows
-            app_id = f"poison_pipeline/{undo_id}"
-            record_intake(tables, f"undo from {target.queue}", undo_id, result.restored, now, app_id, 1)
-            record_intake(target, f"undo to {tables.queue}", undo_id, -result.restored, now, app_id, 1)
-    finish_action(tables, record, {"restored": result.restored, "unrecoverable": len(result.unrecoverable)},
-                  touched)
-    mark_undone(tables, action)
+            app_id = f"poison_pipeline/{record.action_id}"
+            record_intake(tables, f"undo from {target.queue}", record.action_id, result.restored, now, app_id, 1)
+            record_intake(target, f"undo to {tables.queue}", record.action_id, -result.restored, now, app_id, 1)
+    _complete(tables, record, action, result, touched)
     return result
 
 
@@ -125,110 +169,177 @@ def _restore(declaration: Declaration, action: Action, undo_id: str, counted: st
         if versions["before"] is not None and current.version() == versions["after"]:
             current.restore(versions["before"])
     restored = int(action.counts.get(counted, 0))
-    return UndoResult(undo_id, action.action_id, action.kind, "restore", restored=restored)
+    return UndoResult(undo_id, action.action_id, action.kind, RESTORE, restored=restored)
+
+
+def _pairs(rows: pa.Table) -> set[tuple[str, str | None]]:
+    return set(zip(rows["message_id"].to_pylist(), rows["batch_id"].to_pylist(), strict=True))
+
+
+def _rows_now(tables: QueueTables, table: str, ids: list[str]) -> pa.Table:
+    return tables.open(table).to_pyarrow_dataset().to_table(
+        columns=["message_id", "batch_id"], filter=pads.field("message_id").isin(pa.array(ids, pa.string())))
 
 
 def _compensate(tables: QueueTables, source: str, target: QueueTables, action: Action,
                 undo_id: str) -> UndoResult:
+    """Move back what is still in the target's inbound under the redrive's batches; a message whose
+    very row (same batch) is back in the source already came back by an interrupted run of this undo."""
     prefix = f"{action.action_id}-"
     inbound = target.open(INBOUND).to_pyarrow_dataset().to_table(
         columns=["message_id", "batch_id"], filter=pc.starts_with(pc.field("batch_id"), prefix))
     still = set(inbound["message_id"].to_pylist())
     versions = action.versions[f"{tables.queue}/{source}"]
     original = _as_of(tables, source, versions["before"])
-    moved_then = original.filter(pc.invert(pc.is_in(
-        original["message_id"], value_set=_as_of(tables, source, versions["after"])["message_id"])))
-    unrecoverable = sorted(set(moved_then["message_id"].to_pylist()) - still)
-    back = moved_then.filter(pc.is_in(moved_then["message_id"], value_set=pa.array(sorted(still), pa.string())))
-    present = tables.open(source).to_pyarrow_dataset().to_table(
-        columns=["message_id"], filter=pads.field("message_id").isin(pa.array(sorted(still), pa.string())))
-    back = back.filter(pc.invert(pc.is_in(back["message_id"], value_set=present["message_id"])))
+    left = _as_of(tables, source, versions["after"], columns=["message_id"])["message_id"]
+    moved_then = original.filter(pc.invert(pc.is_in(original["message_id"], value_set=left)))
+    ids = sorted(set(moved_then["message_id"].to_pylist()))
+    present = _rows_now(tables, source, ids)
+    came_back = {m for m, _ in _pairs(present) & _pairs(moved_then)}
+    back = moved_then.filter(pc.and_(
+        pc.is_in(moved_then["message_id"], value_set=pa.array(sorted(still), pa.string())),
+        pc.invert(pc.is_in(moved_then["message_id"], value_set=present["message_id"]))))
     if back.num_rows:
         tables.append(source, back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
     if inbound.num_rows:
         batches = sorted(set(inbound["batch_id"].to_pylist()))
         target.replace_batches(INBOUND, batches, keep=~pads.field("message_id").isin(sorted(still)))
-    return UndoResult(undo_id, action.action_id, action.kind, "compensate", restored=len(still),
-                      unrecoverable=unrecoverable)
+    restored = still | came_back
+    lost = sorted(set(ids) - restored)
+    return UndoResult(undo_id, action.action_id, action.kind, COMPENSATE, restored=len(restored),
+                      unrecoverable=lost, unrecoverable_reasons=_why_gone(target, lost))
 
 
-def _as_of(tables: QueueTables, table: str, version: int | None,
-           where: pads.Expression | None = None) -> pa.Table:
-    """The table as it was at `version` (Delta time travel), its rows matching `where`; the action
-    held the queue's lease, so what left it between the action's versions is exactly what it took."""
+def _why_gone(target: QueueTables, ids: list[str]) -> dict[str, list[str]]:
+    if not ids:
+        return {}
+    done = set(target.open(PROCESSED).to_pyarrow_dataset().to_table(
+        columns=["message_id"], filter=pads.field("message_id").isin(ids))["message_id"].to_pylist())
+    reasons = {f"already processed by {target.queue}": sorted(done & set(ids)),
+               f"left {target.queue}/inbound since the redrive (failed again, or moved on)": sorted(set(ids) - done)}
+    return {why: which for why, which in reasons.items() if which}
+
+
+class _LogGone(Exception):  # noqa: N818 - a version whose log entries are gone (cleaned up)
+    pass
+
+
+def _as_of_files(tables: QueueTables, table: str, version: int | None) -> tuple[pads.Dataset | None, list[str]]:
+    """The table's dataset at `version` (Delta time travel) over the files still there, and the
+    paths of its files that are gone (a vacuum deletes those of old versions)."""
     if version is None:
-        return schema_of(table).empty_table()
+        return None, []
+    try:
+        old = DeltaTable(tables.uri(table), version=version, storage_options=tables.storage_options)
+    except Exception as error:  # delta-rs raises several kinds for a version it cannot load
+        raise _LogGone(f"{type(error).__name__}: {error}") from None
+    dataset = old.to_pyarrow_dataset()
+    fragments, missing = [], []
+    for fragment in dataset.get_fragments():
+        there = dataset.filesystem.get_file_info(fragment.path).type != pafs.FileType.NotFound
+        (fragments if there else missing).append(fragment if there else fragment.path)
+    if not missing:
+        return dataset, []
+    return pads.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem), missing
+
+
+def _as_of(tables: QueueTables, table: str, version: int | None, where: pads.Expression | None = None,
+           columns: list[str] | None = None) -> pa.Table:
+    """The table as it was at `version`, its rows matching `where`; the action held the queue's
+    lease, so what left it between the action's versions is exactly what it took."""
+    if version is None:
+        empty = schema_of(table).empty_table()
+        return empty.select(columns) if columns else empty
     old = DeltaTable(tables.uri(table), version=version, storage_options=tables.storage_options)
-    return old.to_pyarrow_dataset().to_table(filter=where)
+    return old.to_pyarrow_dataset().to_table(filter=where, columns=columns)
+
+
+@dataclass
+class _PurgeBack:
+    """What an undo of a purge brings back, worked out from the tables before anything is written."""
+
+    back: pa.Table  # rows read from the table before the purge, not in the table now
+    found: list[str]  # ids that come back (or came back, by an interrupted run)
+    lost: dict[str, list[str]]  # reason -> ids that cannot come back
+    restored: int
 
 
 def _undo_purge(declaration: Declaration, tables: QueueTables, action: Action, actor: str, run_id: str,
                 now: datetime) -> UndoResult:
     source = action.arguments["table"]
-    undo_id = f"undo-{action.action_id}"
     touched = [(tables, source), (tables, PURGED)]
-    recorded = find_action(tables, undo_id)  # an interrupted undo runs again as first decided
-    how = recorded.arguments["how"] if recorded else "restore" if _untouched_since(declaration, action) \
-        else "compensate"
-    # Read before anything is recorded: when the files are gone, the undo refuses and changes nothing.
-    taken = _purged_rows(tables, source, action) if how == "compensate" else None
-    record = recorded or begin_action(tables, "undo", actor, {"action_id": action.action_id, "how": how}, touched,
-                                      action_id=undo_id, run_id=run_id, now=now)
-    if taken is None:
-        result = _restore(declaration, action, undo_id, counted="purged")
+    recorded, how = _recorded_way(declaration, tables, action)
+    # Worked out before anything is recorded: when nothing at all can come back, the undo refuses
+    # and changes nothing.
+    plan = _purge_back(tables, source, action) if how == COMPENSATE else None
+    record = _begin(tables, action, actor, run_id, now, how, touched, recorded)
+    if plan is None:
+        result = _restore(declaration, action, record.action_id, counted="purged")
     else:
-        result = _compensate_purge(tables, source, action, undo_id, *taken)
-    finish_action(tables, record, {"restored": result.restored, "unrecoverable": len(result.unrecoverable)},
-                  touched)
-    mark_undone(tables, action)
+        result = _compensate_purge(tables, source, action, record.action_id, plan)
+    _complete(tables, record, action, result, touched)
     return result
 
 
-def _purged_rows(tables: QueueTables, source: str, action: Action) -> tuple[pa.Table, pa.Table]:
-    """The purge's rows still in the `purged` ledger, and their rows in the table as it was before the
-    purge (Delta time travel). Raises UndoError, naming the messages, when those files are gone."""
+def _purge_back(tables: QueueTables, source: str, action: Action) -> _PurgeBack:
+    """The purge's rows still in the `purged` ledger; of those, the ones whose very row (same batch)
+    is back in the table already, and the others read from the table as it was before the purge
+    (time travel), as far as its files are still there. Raises UndoError, naming every message and
+    why, when none at all can come back."""
     ledger = tables.open(PURGED).to_pyarrow_dataset().to_table(
         columns=["message_id", "batch_id"], filter=pads.field("action_id") == action.action_id)
     ids = sorted(set(ledger["message_id"].to_pylist()))
+    wanted = _pairs(ledger)
+    present = _rows_now(tables, source, ids)
+    came_back = {m for m, _ in _pairs(present) & wanted}
     before = action.versions[f"{tables.queue}/{source}"]["before"]
-    if not ids:  # run again after the ledger rows left: everything came back already
-        return ledger, schema_of(source).empty_table()
-    try:
-        original = _as_of(tables, source, before, pads.field("message_id").isin(ids))
-    except Exception as error:  # the version's files (or its log) are gone: vacuumed, or cleaned up
-        named = ", ".join(ids[:20]) + (" ..." if len(ids) > 20 else "")
-        raise UndoError(
-            f"purge {action.action_id!r} cannot be undone: {tables.queue}/{source} as it was before it "
-            f"(Delta version {before}) can no longer be read, its files are gone (a vacuum deletes the files "
-            f"of old versions: time travel works only within the retention). {len(ids)} message(s) purged "
-            f"for good cannot come back: {named}. Nothing was changed. ({type(error).__name__}: {error})"
-        ) from None
-    return ledger, original
+    back = schema_of(source).empty_table()
+    lost: dict[str, list[str]] = {}
+    pending = sorted(set(ids) - came_back)
+    if pending:
+        try:
+            dataset, missing = _as_of_files(tables, source, before)
+        except _LogGone as error:
+            dataset, missing = None, []
+            lost[f"{tables.queue}/{source} version {before} can no longer be read: its Delta log is gone "
+                 f"({error})"] = pending
+        if dataset is not None:
+            read = dataset.to_table(filter=pads.field("message_id").isin(pa.array(pending, pa.string())))
+            read = read.filter(pa.array([p in wanted for p in zip(read["message_id"].to_pylist(),
+                                                                   read["batch_id"].to_pylist(), strict=True)],
+                                        pa.bool_()))
+            back = read.filter(pc.invert(pc.is_in(read["message_id"], value_set=present["message_id"])))
+            gone = sorted(set(pending) - set(read["message_id"].to_pylist()))
+            if gone:
+                why = (f"their rows were in {len(missing)} file(s) of {tables.queue}/{source} version {before} "
+                       "that a vacuum deleted (time travel reads only files still there)") if missing else \
+                    f"not in {tables.queue}/{source} as of version {before}"
+                lost[why] = gone
+    unrecoverable = sorted({m for which in lost.values() for m in which})
+    restored = int(action.counts.get("purged", len(ids))) - len(unrecoverable)
+    if restored <= 0:
+        reasons = "; ".join(f"{why}: {', '.join(which)}" for why, which in lost.items())
+        raise UndoError(f"purge {action.action_id!r} cannot be undone: none of its {len(unrecoverable)} "
+                        f"message(s) can come back ({reasons}). Nothing was changed.")
+    found = sorted(came_back | set(back["message_id"].to_pylist()))
+    return _PurgeBack(back, found, lost, restored)
 
 
-def _compensate_purge(tables: QueueTables, source: str, action: Action, undo_id: str, ledger: pa.Table,
-                      original: pa.Table) -> UndoResult:
-    """Append back the purged rows not there already, then take the purge's rows out of the `purged`
-    ledger. Each step is safe to repeat: the append is an app transaction, and a ledger row is
-    removed only while it is still there."""
-    ids = sorted(set(ledger["message_id"].to_pylist()))
-    # The purge recorded each message's batch: take that copy, should the table have held two.
-    wanted = set(zip(ledger["message_id"].to_pylist(), ledger["batch_id"].to_pylist(), strict=True))
-    original = original.filter(pa.array(
-        [(m, b) in wanted for m, b in zip(original["message_id"].to_pylist(), original["batch_id"].to_pylist(),
-                                          strict=True)], pa.bool_()))
-    found = sorted(set(original["message_id"].to_pylist()))
-    present = tables.open(source).to_pyarrow_dataset().to_table(
-        columns=["message_id"], filter=pads.field("message_id").isin(pa.array(found, pa.string())))
-    back = original.filter(pc.invert(pc.is_in(original["message_id"], value_set=present["message_id"])))
-    if back.num_rows:
-        tables.append(source, back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
-    if found:  # their ledger rows leave with them; any that cannot come back stay purged
-        batches = set(ledger["batch_id"].to_pylist())
-        tables.replace_batches(PURGED, batches, keep=~((pads.field("action_id") == action.action_id)
-                                                       & pads.field("message_id").isin(pa.array(found, pa.string()))))
-    return UndoResult(undo_id, action.action_id, action.kind, "compensate", restored=len(found),
-                      unrecoverable=sorted(set(ids) - set(found)))
+def _compensate_purge(tables: QueueTables, source: str, action: Action, undo_id: str,
+                      plan: _PurgeBack) -> UndoResult:
+    """Append back the rows read, then take what came back out of the `purged` ledger; what cannot
+    come back stays purged (in the ledger), so the conservation line still balances."""
+    if plan.back.num_rows:
+        tables.append(source, plan.back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
+    if plan.found:
+        gone = (pads.field("action_id") == action.action_id) & pads.field("message_id").isin(
+            pa.array(plan.found, pa.string()))
+        still = tables.open(PURGED).to_pyarrow_dataset().to_table(columns=["batch_id"], filter=gone)
+        if still.num_rows:  # a run again after they left the ledger commits nothing
+            tables.replace_batches(PURGED, set(still["batch_id"].to_pylist()), keep=~gone)
+    unrecoverable = sorted({m for which in plan.lost.values() for m in which})
+    return UndoResult(undo_id, action.action_id, action.kind, COMPENSATE, restored=plan.restored,
+                      unrecoverable=unrecoverable, unrecoverable_reasons=plan.lost)
 
 
 def _undo_edit(declaration: Declaration, tables: QueueTables, action: Action, actor: str, run_id: str,
@@ -236,28 +347,20 @@ def _undo_edit(declaration: Declaration, tables: QueueTables, action: Action, ac
     """Undo the edit's redrive (an action of its own: the message comes back where it failed, with the
     original body its row had there before), then mark the edit undone; its `edits` row stays."""
     source, redrive_id = action.arguments["from"], action.arguments["redrive_id"]
-    undo_id = f"undo-{action.action_id}"
     touched = [(tables, source), (tables, INBOUND)]
     linked = find_action(tables, redrive_id)
     if linked is None or linked.state not in (DONE, UNDONE):
         raise UndoError(f"edit {action.action_id!r}: its redrive {redrive_id!r} is "
                         f"{'not recorded' if linked is None else linked.state}: run the edit again to complete it")
-    record = begin_action(tables, "undo", actor, {"action_id": action.action_id, "redrive_id": redrive_id},
-                          touched, action_id=undo_id, run_id=run_id, now=now)
-    if linked.state == DONE:
-        inner = _undo_redrive(declaration, tables, linked, actor, run_id, now)
-    else:  # undone already: by `undo` of the redrive itself, or by this undo before it was interrupted
-        recorded = find_action(tables, f"undo-{redrive_id}")
-        inner = UndoResult(f"undo-{redrive_id}", redrive_id, "redrive",
-                           recorded.arguments.get("how", "") if recorded else "",
-                           restored=int(recorded.counts.get("restored", 0)) if recorded else 0)
-        inner.unrecoverable = [action.arguments["message_id"]] if recorded and \
-            recorded.counts.get("unrecoverable") else []
-    result = UndoResult(undo_id, action.action_id, action.kind, inner.how, restored=inner.restored,
-                        unrecoverable=inner.unrecoverable)
-    finish_action(tables, Action(**{**record.__dict__, "arguments": {**record.arguments, "how": inner.how}}),
-                  {"restored": result.restored, "unrecoverable": len(result.unrecoverable)}, touched)
-    mark_undone(tables, action)
+    record = find_action(tables, f"undo-{action.action_id}") or begin_action(
+        tables, "undo", actor, {"action_id": action.action_id, "redrive_id": redrive_id}, touched,
+        action_id=f"undo-{action.action_id}", run_id=run_id, now=now)
+    # Undone already (by `undo` of the redrive itself, or by this undo before it was killed), the
+    # redrive's undo changes nothing more and answers what it did.
+    inner = _undo_redrive(declaration, tables, linked, actor, run_id, now)
+    result = UndoResult(record.action_id, action.action_id, action.kind, inner.how, restored=inner.restored,
+                        unrecoverable=inner.unrecoverable, unrecoverable_reasons=inner.unrecoverable_reasons)
+    _complete(tables, record, action, result, touched)
     return result
 
 
@@ -271,3 +374,15 @@ def find_recorded(declaration: Declaration, action_id: str) -> Action | None:
         if found is not None:
             return found
     return None
+
+
+def format_undo(result: UndoResult) -> str:
+    """What the undo did, and which messages cannot come back and why (the CLI's text)."""
+    if result.already_undone:
+        return f"action {result.action_id} was undone already: nothing changed"
+    lines = [f"undid {result.kind} {result.action_id} by {result.how} ({result.undo_id}): "
+             f"{result.restored} message(s) back where they were"]
+    for why, ids in result.unrecoverable_reasons.items():
+        named = ", ".join(ids[:10]) + (" ..." if len(ids) > 10 else "")
+        lines.append(f"  {len(ids)} cannot come back: {why}: {named}")
+    return "\n".join(lines)
