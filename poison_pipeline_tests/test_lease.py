@@ -14,12 +14,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.dataset as pads
 import pytest
 import yaml
 
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings, load_declaration
 from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, LeaseHeld, LeaseLost
 from poison_pipeline.storage.tables import QueueTables
@@ -205,3 +208,22 @@ def test_a_command_against_a_running_cycle_waits_then_fails_naming_it_and_works_
         cycle.join()
     assert reports[0].counts["processed"] == 4
     assert cli.main(["--config", str(config), "enable", "q", "--reason", "test"]) == cli.EXIT_OK
+
+
+def test_a_writer_that_lost_its_lease_commits_nothing_more(tmp_path):
+    """Operator commands too (not only cycles): every commit to a queue's tables first checks the
+    lease of a thread that holds it, so a command paused past the expiry stops instead of writing."""
+    queue = tables(tmp_path)
+    queue.ensure()
+    row = pa.Table.from_pylist([], schema=schemas.MESSAGE)
+    with queue.lease("redrive", run_id="paused") as lease:
+        lease._stop.set()  # paused: the renewals stop
+        lease._renewer.join()
+        time.sleep(2 * QUICK.expiry.total_seconds() + 0.2)  # long dead by its stamp: taken at once
+        assert from_another_thread(tmp_path, run_id="next") is None  # took the expired lease, released it
+        before = queue.open("inbound").version()
+        with pytest.raises(LeaseLost, match="this run \\(paused\\) stops before committing"):
+            queue.append("inbound", row)
+        with pytest.raises(LeaseLost):
+            queue.replace_batches("inbound", ["b1"], keep=pads.field("message_id").is_valid())
+        assert queue.open("inbound").version() == before

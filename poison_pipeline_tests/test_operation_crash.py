@@ -326,3 +326,37 @@ def test_killed_after_a_commit_point_and_run_again_it_completes_once(prepared, c
     else:
         assert again == reference
     assert_consistent(declaration, scenario)
+
+
+CYCLE_FIRST = [(n, s) for n, s in KILLS if SCENARIOS[n].operation != "undo"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name, step", CYCLE_FIRST, ids=[f"{n}-{s}" for n, s in CYCLE_FIRST])
+def test_killed_then_a_cycle_of_its_queue_completes_it_before_taking_any_message(
+        spark, prepared, tmp_path, name, step):
+    """Nobody runs the command again: the queue's next cycles (inbound, then poison) find it planned
+    and complete it first, so no message is handled while a copy of it sits in a second place."""
+    scenario = SCENARIOS[name]
+    declaration, at = _copy(prepared, name, tmp_path / "killed")
+    killed = _run_process(declaration, tmp_path / "killed", scenario, at, step)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    later = at + MONTH + timedelta(days=1)  # every redriven message is due
+    left: dict[str, str] = {}
+    for table in ("inbound", "poison"):
+        report = run_cycle(spark, declaration, "q", table, now=later)
+        assert set(report.interrupted.completed) | set(report.interrupted.left) <= set(scenario.states)
+        left |= report.interrupted.left
+        where = places(declaration)
+        for row in rows(declaration, PURGED):
+            where.setdefault(row["message_id"], []).append("purged")
+        assert {m: p for m, p in where.items() if len(p) != 1} == {}, f"after the {table} cycle"
+        assert set(where) == scenario.received
+    line = conservation(QueueTables.of(declaration, "q"))
+    assert line.accounted == len(scenario.received), line.line(len(scenario.received))
+    states = {a.action_id: a.state for a in list_actions(declaration, "q")}
+    if left:  # killed before it planned a move: nothing moved, and it stays planned for its operator
+        assert all("nothing moved" in why for why in left.values()), left
+        assert {states[a] for a in left} == {"planned"}
+    else:
+        assert states == scenario.states

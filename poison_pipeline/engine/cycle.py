@@ -24,6 +24,7 @@ from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.engine.commit import apply_staged, end_failed_conversations
 from poison_pipeline.engine.dedup import find_duplicates
 from poison_pipeline.engine.ordering import blocked_conversations, in_conversation_order
+from poison_pipeline.operations.interrupted import Completed, complete_interrupted
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.inflight import culprits
@@ -45,6 +46,8 @@ class CycleReport:
     worker_deaths: int = 0
     # Ended conversations whose clean-up hook still fails after this cycle retried it.
     cleanup_failures: list[UnfinishedCleanup] = field(default_factory=list)
+    # Operator actions a kill left half done, completed before this cycle selected anything.
+    interrupted: Completed = field(default_factory=Completed)
 
 
 def _journal(tables: QueueTables, table: str) -> str:
@@ -138,6 +141,8 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
             report.recovered = _finish(declaration, tables, previous, cycle)
         elif previous.state == "planned":
             remove_tree(previous.staging)  # a compute that died: nothing of it was committed
+    lease.check()
+    report.interrupted = complete_interrupted(declaration, tables, run_id)
     state = queue_state(tables)
     if not state.enabled:
         report.skipped = f"queue {queue!r} is disabled: {state.reason}"

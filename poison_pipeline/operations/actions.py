@@ -104,6 +104,7 @@ def _row(action: Action) -> dict[str, Any]:
 def _update(tables: QueueTables, action: Action) -> None:
     # Written back as plain strings: delta-rs's update writes string_view columns (see replace_batches).
     quoted = action.action_id.replace("'", "''")
+    tables.check_lease()
     write_deltalake(tables.open(ACTIONS), pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS),
                     mode="overwrite", predicate=f"action_id = '{quoted}'")
 

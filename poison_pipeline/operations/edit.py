@@ -161,14 +161,14 @@ def _resume_or_done(declaration: Declaration, queue: str, action: Any, message_i
                     given: dict[str, str], actor: str, run_id: str, now: datetime | None) -> EditResult:
     source = action.arguments["from"]
     if action.state == DONE:
-        recorded = _edit_row(QueueTables.of(declaration, queue), action.action_id)
+        recorded = edit_row(QueueTables.of(declaration, queue), action.action_id)
         result = _result(action.action_id, queue, source, message_id, body, recorded, action.actor)
         result.already_done, result.action_id = True, action.action_id
         return result
     return _run(declaration, queue, source, message_id, body, given, action.action_id, actor, run_id, now)
 
 
-def _edit_row(tables: QueueTables, edit_id: str) -> dict[str, Any] | None:
+def edit_row(tables: QueueTables, edit_id: str) -> dict[str, Any] | None:
     if not tables.exists(EDITS):
         return None
     rows = tables.open(EDITS).to_pyarrow_dataset().to_table(filter=pads.field("edit_id") == edit_id).to_pylist()
@@ -193,7 +193,7 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
         action = find_action(tables, edit_id)
         if action is not None and action.state == DONE:  # another run completed it meanwhile
             return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now)
-        row = _edit_row(tables, edit_id)
+        row = edit_row(tables, edit_id)
         if row is None:
             failed = tables.message_rows(source, message_id)
             if not failed:

@@ -212,6 +212,11 @@ def _remove(tables: QueueTables, table: str, rows: pa.Table) -> None:
         tables.replace_batches(table, batches, keep=~within)
 
 
+def complete_interrupted(declaration: Declaration, tables: QueueTables) -> list[str]:
+    """Complete every purge of this queue left `planned` (killed); call holding the queue's lease."""
+    return _complete_interrupted(declaration, tables, skip=None)
+
+
 def _complete_interrupted(declaration: Declaration, tables: QueueTables, skip: str | None) -> list[str]:
     """Complete every purge of this queue left `planned` (killed), but `skip` (the caller resumes it)."""
     if not tables.exists(ACTIONS):

@@ -235,6 +235,11 @@ def _plan_uri(tables: QueueTables, redrive_id: str) -> str:
     return tables.work_uri("redrive", redrive_id, "plan.parquet")
 
 
+def planned_rows(tables: QueueTables, redrive_id: str) -> pa.Table | None:
+    """What redrive `redrive_id` planned to move, while it is not done (None: no plan written)."""
+    return read_plan(_plan_uri(tables, redrive_id))
+
+
 def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables, redrive_id: str, actor: str,
          run_id: str, now: datetime, progress: Callable[[int, int], None]) -> RedriveResult:
     target = QueueTables.of(declaration, request.to)
@@ -245,7 +250,7 @@ def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables,
         return RedriveResult(redrive_id, request.queue, request.source, request.to, False, already_done=True,
                              action_id=redrive_id)
     uri = _plan_uri(tables, redrive_id)
-    rows = read_plan(uri) if recorded is not None else None
+    rows = planned_rows(tables, redrive_id) if recorded is not None else None
     if rows is None:
         plan = _plan(declaration, request, tables, redrive_id, now)
         if plan.rows.num_rows == 0 and recorded is None:

@@ -167,6 +167,7 @@ def _restore(declaration: Declaration, action: Action, undo_id: str, counted: st
         current = tables.open(table)
         # Run again after a crash: a table restored already is at a later version with the old content.
         if versions["before"] is not None and current.version() == versions["after"]:
+            tables.check_lease()
             current.restore(versions["before"])
     restored = int(action.counts.get(counted, 0))
     return UndoResult(undo_id, action.action_id, action.kind, RESTORE, restored=restored)

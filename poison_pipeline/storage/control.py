@@ -100,6 +100,7 @@ def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str, run
                 return False
             data, transaction = state_commit(tables, [event_row(kind, datetime.now(UTC), actor, reason)], enabled)
             try:
+                tables.check_lease()
                 write_deltalake(tables.open(EVENTS), data, mode="append",
                                 commit_properties=CommitProperties(app_transactions=[transaction]))
             except CommitFailedError:

@@ -234,6 +234,14 @@ def queue_lease(uri: str, queue: str, storage_options: dict[str, str], settings:
         lease.release()
 
 
+def check_held(uri: str) -> None:
+    """Raise LeaseLost if this thread holds the lease at `uri` and lost it: every commit to a queue's
+    tables calls this, so no writer (cycle or operator command) commits after it was taken over."""
+    lease = _held.__dict__.get("leases", {}).get(uri)
+    if lease is not None:
+        lease.check()
+
+
 def current_holder(uri: str, storage_options: dict[str, str]) -> Holder | None:
     """Who holds the lease now, if anyone (for status); no lease table means nobody ever did."""
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):

@@ -24,7 +24,7 @@ from poison_pipeline.domain.routing import (
     waiting_tables,
 )
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, current_holder, queue_lease
+from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, check_held, current_holder, queue_lease
 
 ATTEMPTS = "attempts"
 EVENTS = "events"
@@ -138,6 +138,10 @@ class QueueTables:
         return queue_lease(self.uri(LEASE_TABLE), self.queue, self.storage_options, self.lease_settings,
                            purpose, run_id, on_wait)
 
+    def check_lease(self) -> None:
+        """Before a commit: fail (LeaseLost) if this thread held the queue's lease and lost it."""
+        check_held(self.uri(LEASE_TABLE))
+
     def lease_holder(self) -> Holder | None:
         """Who holds the queue's lease now, if anyone."""
         return current_holder(self.uri(LEASE_TABLE), self.storage_options)
@@ -182,6 +186,7 @@ class QueueTables:
                also: Sequence[Transaction] = ()) -> bool:
         """Append `data`; with an app id, once only: a replay of a committed version writes nothing.
         `also` are further app transactions recorded by the same commit."""
+        self.check_lease()
         target = self.open(table)
         transactions = list(also)
         if app_id is not None:
@@ -208,6 +213,7 @@ class QueueTables:
         ids = sorted(set(batch_ids))
         if not ids:
             return
+        self.check_lease()
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
         self.open(table).delete(f"batch_id IN ({quoted})")
 
@@ -231,6 +237,7 @@ class QueueTables:
             within = within | pads.field("batch_id").is_null()
         if not clauses:
             return
+        self.check_lease()
         target = snapshot if snapshot is not None else self.open(table)
         kept: Any = target.to_pyarrow_dataset().scanner(filter=within & keep).to_reader()
         if add is not None:

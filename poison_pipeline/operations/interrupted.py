@@ -1,0 +1,84 @@
+"""Operator actions a kill left half done, completed by the next holder of the queue's lease.
+
+A redrive (or an edit's redrive), a purge or an undo killed between its commits can leave a message
+in two places: back in the inbound and still in poison, or in the purged ledger and still in
+dead_letter. A cycle that took such a message first would handle a copy the action meant to remove,
+so every cycle first completes what its queue's ledger shows `planned` (SPEC section 8: an action
+run again with its id completes; here the queue runs it again without waiting for the operator).
+An action killed before it moved anything (no plan written yet) is left for its operator to rerun.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow.dataset as pads
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.operations import purge as purging
+from poison_pipeline.operations.actions import PLANNED, Action, find_action
+from poison_pipeline.operations.edit import edit, edit_row
+from poison_pipeline.operations.redrive import planned_rows, redrive
+from poison_pipeline.operations.undo import find_recorded, undo
+from poison_pipeline.storage.tables import ACTIONS, QueueTables
+
+# Redrives before edits (an edit completes through its own redrive) and undos last.
+_ORDER = ("redrive", "edit", "purge", "undo")
+
+
+@dataclass
+class Completed:
+    """The interrupted actions a cycle completed, and those it left to their operator, with why."""
+
+    completed: list[str] = field(default_factory=list)
+    left: dict[str, str] = field(default_factory=dict)
+
+
+def _planned(tables: QueueTables) -> list[Action]:
+    if not tables.exists(ACTIONS):
+        return []
+    ids = tables.open(ACTIONS).to_pyarrow_dataset().to_table(
+        columns=["action_id"], filter=(pads.field("state") == PLANNED) & pads.field("kind").isin(list(_ORDER)))
+    found = [find_action(tables, action_id) for action_id in ids["action_id"].to_pylist()]
+    return sorted((a for a in found if a is not None), key=lambda a: (_ORDER.index(a.kind), a.at))
+
+
+def complete_interrupted(declaration: Declaration, tables: QueueTables, run_id: str) -> Completed:
+    """Complete every interrupted redrive, edit, purge and undo of `tables.queue`; call holding its lease."""
+    outcome = Completed()
+    for action in _planned(tables):
+        why = _complete(declaration, tables, action, run_id)
+        if why is None:
+            outcome.completed.append(action.action_id)
+        else:
+            outcome.left[action.action_id] = why
+    # An edit completes its own redrive, left above when it had no plan yet.
+    for action_id in list(outcome.left):
+        if (now := find_action(tables, action_id)) is not None and now.state != PLANNED:
+            del outcome.left[action_id]
+            outcome.completed.append(action_id)
+    return outcome
+
+
+def _complete(declaration: Declaration, tables: QueueTables, action: Action, run_id: str) -> str | None:
+    """None once `action` is complete, else why it was left as it is."""
+    args = action.arguments
+    if action.kind == "redrive":
+        if planned_rows(tables, action.action_id) is None:
+            return "killed before it planned anything: nothing moved; run it again with its id"
+        redrive(declaration, tables.queue, args["from"], to=args["to"], redrive_id=action.action_id,
+                actor=action.actor, run_id=run_id)
+    elif action.kind == "edit":
+        row = edit_row(tables, action.action_id)
+        if row is None:
+            return "killed before it recorded the new body: nothing moved; run the edit again"
+        edit(declaration, args["message_id"], row["new_body"], queue=tables.queue, source=args["from"],
+             edit_id=action.action_id, actor=action.actor, run_id=run_id)
+    elif action.kind == "purge":
+        purging.complete_interrupted(declaration, tables)
+    elif action.kind == "undo":
+        undone = find_recorded(declaration, args["action_id"])
+        if undone is None or {key.split("/", 1)[0] for key in undone.versions} != {tables.queue}:
+            return "it undoes an action across queues: run the undo again"
+        undo(declaration, args["action_id"], actor=action.actor, run_id=run_id)
+    return None
