@@ -6,7 +6,6 @@ from typing import Any
 from dagster import (
     AssetExecutionContext,
     AssetKey,
-    AssetMaterialization,
     AssetsDefinition,
     MaterializeResult,
     MetadataValue,
@@ -14,7 +13,12 @@ from dagster import (
 )
 
 from poison_pipeline.broker.transmission import transmit
-from poison_pipeline.defs.failure_metadata import failure_group_metadata, table_metadata
+from poison_pipeline.defs.failure_metadata import (
+    changed_ledgers,
+    failure_group_metadata,
+    ledger_versions,
+    table_metadata,
+)
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.defs.resources import SparkResource
 from poison_pipeline.domain.declaration import Declaration
@@ -78,8 +82,7 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
 
     @asset(**_spec(declaration, queue, table, upstream, description, spark=True, extra=senders))
     def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
-        tables = QueueTables.of(declaration, queue)
-        before = _versions(tables)
+        before = ledger_versions(declaration, queue)
         report = run_cycle(spark.spark_session, declaration, queue, table, run_id=context.run.run_id,
                            on_wait=lambda holder: context.log.warning(
                                f"{queue}: waiting for the queue's lease, held by {holder.describe()}"))
@@ -91,23 +94,14 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
             context.log.warning(f"{queue}: the clean-up hook of ended conversation {unfinished.conversation_id!r} "
                                 f"has not succeeded ({unfinished.failures} failed tries; retried every cycle): "
                                 f"{unfinished.last_error}")
-        # The ledgers this cycle wrote to are materialized by it too, so each of their
-        # materializations in the UI is a change of the table, with its failure groups.
-        for written, version in _versions(tables).items():
-            if version != before[written]:
-                context.log_event(AssetMaterialization(asset_key=asset_key(queue, written),
-                                                       metadata=table_metadata(declaration, queue, written)))
+        for materialization in changed_ledgers(declaration, queue, before):
+            context.log_event(materialization)
         metadata = cycle_metadata(report)
         if table == POISON:
             metadata.update(failure_group_metadata(failure_groups(declaration, queue, POISON)))
         return MaterializeResult(metadata=metadata)
 
     return cycle
-
-
-def _versions(tables: QueueTables) -> dict[str, int]:
-    """The Delta versions of dead_letter and quarantine, from their logs (0 before they exist)."""
-    return {t: tables.open(t).version() if tables.exists(t) else 0 for t in (DEAD_LETTER, QUARANTINE)}
 
 
 def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
@@ -122,7 +116,11 @@ def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: li
 def _transmission_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
     @asset(**_spec(declaration, queue, table, upstream, _DESCRIPTIONS[TRANSMISSION]))
     def transmission(context: AssetExecutionContext) -> MaterializeResult:
+        before = ledger_versions(declaration, queue)
         result = transmit(declaration, queue, run_id=context.run.run_id)
+        # Contract breaches dead-letter what waited here.
+        for materialization in changed_ledgers(declaration, queue, before):
+            context.log_event(materialization)
         for failure in result.failures:
             context.log.warning(f"{queue}: conversation {failure.conversation_id} to {failure.target} failed with "
                                 f"{failure.code} ({failure.description}): {failure.action}")

@@ -6,11 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from dagster import MetadataValue
+from dagster import AssetMaterialization, MetadataValue
 
+from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.domain.alerts import FailureCount
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.routing import FAILURE_TABLES
+from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, QUARANTINE
 from poison_pipeline.operations.groups import FailureGroup, failure_groups
 from poison_pipeline.storage.tables import QueueTables
 
@@ -67,6 +68,20 @@ def table_metadata(declaration: Declaration, queue: str, table: str) -> dict[str
     if table in FAILURE_TABLES:
         metadata.update(failure_group_metadata(failure_groups(declaration, queue, table)))
     return metadata
+
+
+def ledger_versions(declaration: Declaration, queue: str) -> dict[str, int]:
+    """The Delta versions of dead_letter and quarantine, from their logs (0 before they exist)."""
+    tables = QueueTables.of(declaration, queue)
+    return {t: tables.open(t).version() if tables.exists(t) else 0 for t in (DEAD_LETTER, QUARANTINE)}
+
+
+def changed_ledgers(declaration: Declaration, queue: str, before: dict[str, int]) -> list[AssetMaterialization]:
+    """A materialization of each of dead_letter and quarantine whose version moved since `before`
+    (`ledger_versions`): the run that wrote to them reports them, so each materialization the UI
+    shows is a change of the table, with its failure groups."""
+    return [AssetMaterialization(asset_key=asset_key(queue, table), metadata=table_metadata(declaration, queue, table))
+            for table, version in ledger_versions(declaration, queue).items() if version != before[table]]
 
 
 def failure_counts_markdown(failures: tuple[FailureCount, ...]) -> str:

@@ -18,6 +18,10 @@ def _print_materializations(outcome: Any) -> None:
     for event in outcome.get_asset_materialization_events():
         materialization = event.step_materialization_data.materialization
         meta = {k: v.value for k, v in materialization.metadata.items()}
+        if "failed_messages" in meta and "messages" not in meta:  # a ledger the cycle wrote to
+            print(f"  {materialization.asset_key.to_user_string():<26} rows={meta['rows']:>6} "
+                  f"failure groups={meta['failure_groups']}")
+            continue
         if "delivered" in meta:
             print(f"  {materialization.asset_key.to_user_string():<26} delivered={meta['delivered']:>5} "
                   f"waiting={meta['waiting']:>5} resent conversations={meta['resent_conversations']}")
