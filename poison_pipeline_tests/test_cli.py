@@ -11,9 +11,10 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
-from poison_pipeline.cli import main, refused_path
+from poison_pipeline.cli import main
 from poison_pipeline.domain.declaration import CONFIG_ENV, load_declaration
 from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.enqueue import refused_path
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 from poison_pipeline_tests.support import table_versions

@@ -45,6 +45,7 @@ from poison_pipeline.domain.imports import import_callable
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import event_row
+from poison_pipeline.storage.intake import UNSENT, ensure_intake, record_intake
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, TRANSMISSION, QueueTables
 
 ENDED = "ended"
@@ -295,7 +296,11 @@ def _move_to_dead_letter(tables: QueueTables, table: str, conversation_id: str, 
             keys = zip(rows["message_id"].to_pylist(), rows["batch_id"].to_pylist(), strict=True)
             pending = rows.filter(pa.array([key not in moved for key in keys], pa.bool_()))
         if pending.num_rows:
+            if table == TRANSMISSION:
+                ensure_intake(tables, now)
             tables.append(DEAD_LETTER, _as_dead_letter(pending, table, now), app_id=app_id, version=version)
+            if table == TRANSMISSION:  # sends that never left: they enter their sender's dead_letter
+                record_intake(tables, UNSENT, None, pending.num_rows, now, app_id, version)
     # A null comparison (a message without a conversation) is kept.
     _delete_moved(tables, table, source, ~match | match.is_null(), rows["batch_id"].to_pylist())
     return rows.num_rows

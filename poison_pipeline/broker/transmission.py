@@ -42,6 +42,7 @@ from poison_pipeline.domain.policy import OnUndefinedError
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
+from poison_pipeline.storage.intake import UNSENT, ensure_intake, record_intake
 from poison_pipeline.storage.tables import NOTIFICATIONS, TRANSMISSION, QueueTables
 
 LIFETIME_EXPIRED = -8489
@@ -199,11 +200,16 @@ def _transmit_held(declaration: Declaration, tables: QueueTables, now: datetime)
     for target, rows in accepted.items():
         target_tables = QueueTables.of(declaration, target)
         target_tables.ensure()
+        ensure_intake(target_tables, now)
         target_tables.append(INBOUND, _inbound_rows(rows, f"tx-{queue}-{version}", now), app_id=app_id,
                              version=version)
+        record_intake(target_tables, f"sent by {queue}", f"tx-{queue}-{version}", len(rows), now, app_id, version)
         result.delivered[target] = len(rows)
     if dead:
-        tables.append(DEAD_LETTER, pa.concat_tables(dead), app_id=app_id, version=version)
+        ensure_intake(tables, now)
+        unsent = pa.concat_tables(dead)
+        tables.append(DEAD_LETTER, unsent, app_id=app_id, version=version)
+        record_intake(tables, UNSENT, f"tx-{queue}-{version}", unsent.num_rows, now, app_id, version)
     if notes:
         tables.append(NOTIFICATIONS, pa.Table.from_pylist(notes, schema=schemas.NOTIFICATIONS), app_id=app_id,
                       version=version)

@@ -11,30 +11,42 @@ from poison_pipeline.defs.alerts import (
     queue_disabled_sensor,
 )
 from poison_pipeline.defs.assets import queue_assets
+from poison_pipeline.defs.checks import check_keys, queue_checks
 from poison_pipeline.defs.jobs import cycle_job
+from poison_pipeline.defs.operator_jobs import operator_jobs
+from poison_pipeline.defs.redrive import redrive_asset, redrive_job
 from poison_pipeline.defs.resources import SparkResource
+from poison_pipeline.defs.schedules import retention_schedules
 from poison_pipeline.defs.sensors import transmission_sensor, waiting_sensor
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
 
 def build_definitions(declaration: Declaration) -> Definitions:
-    assets, jobs, sensors = [], [], []
+    assets, checks, jobs, sensors, schedules = [], [], [], [], []
     for queue in declaration.queues:
         assets.extend(queue_assets(declaration, queue))
+        checks.append(queue_checks(declaration, queue))
+        after_cycle = check_keys(declaration, queue)
         for table in QueueTables.of(declaration, queue).waiting:
-            jobs.append(cycle_job(queue, table))
+            jobs.append(cycle_job(queue, table, after_cycle))
             sensors.append(waiting_sensor(declaration, queue, table))
-        jobs.append(cycle_job(queue, TRANSMISSION))
+        jobs.append(cycle_job(queue, TRANSMISSION, after_cycle))
         sensors.append(transmission_sensor(declaration, queue))
         jobs.append(queue_disabled_job(declaration, queue))
         sensors.append(queue_disabled_sensor(declaration, queue))
         jobs.append(messages_failed_job(declaration, queue))
         sensors.append(messages_failed_sensor(declaration, queue))
+        # The operator's console: redrive by failure day, actions with typed config, retention.
+        assets.append(redrive_asset(declaration, queue))
+        jobs += [redrive_job(queue), *operator_jobs(declaration, queue)]
+        schedules += retention_schedules(declaration, queue)
     return Definitions(
         assets=assets,
+        asset_checks=checks,
         jobs=jobs,
         sensors=sensors,
+        schedules=schedules,
         resources={"spark": SparkResource.from_settings(declaration.spark)},
         # Every step of a run shares one process and so one Spark session.
         executor=in_process_executor,

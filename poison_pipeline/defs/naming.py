@@ -32,3 +32,37 @@ def alert_job_name(queue: str, kind: str = QUEUE_DISABLED) -> str:
 
 def alert_sensor_name(queue: str, kind: str = QUEUE_DISABLED) -> str:
     return f"{queue}__{kind}_sensor"
+
+
+REDRIVE = "redrive"
+OPERATOR_ACTIONS = ("enable", "end_conversation", "edit", "purge", "undo")
+# Who launched a run, when its config names nobody: Dagster+ sets dagster/user; a launcher of our own
+# (a script, a sensor) can set ACTOR_TAG, which wins.
+ACTOR_TAG = "poison_pipeline/actor"
+USER_TAG = "dagster/user"
+
+
+def redrive_asset_key(queue: str) -> AssetKey:
+    return AssetKey([queue, REDRIVE])
+
+
+def redrive_job_name(queue: str) -> str:
+    # Not `{queue}__redrive`: that is the redrive asset's op.
+    return f"{queue}__{REDRIVE}_job"
+
+
+def operator_job_name(queue: str, action: str) -> str:
+    return f"{queue}__{action}"
+
+
+def retention_schedule_name(queue: str) -> str:
+    return f"{queue}__retention"
+
+
+def retention_job_name(queue: str) -> str:
+    return f"{queue}__retention_purge"
+
+
+def operator_op_name(queue: str, action: str) -> str:
+    """The op of an operator job (the Launchpad's `ops:` key): op names are unique in a repository."""
+    return f"{queue}__{action}_op"

@@ -77,6 +77,30 @@ class LeaseSettings(BaseModel):
         return value
 
 
+class CheckThresholds(BaseModel):
+    """When the queue's warning checks fail: growth since the previous check, age of the oldest due message."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    poison_growth: int = 100  # more messages on the poison path (poison + quarantine) than this
+    dead_letter_growth: int = 100
+    oldest_waiting: Duration = timedelta(hours=1)  # a message due longer than this, not yet taken
+
+    @field_validator("poison_growth", "dead_letter_growth")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("a growth threshold is a number of messages, 0 or more (0 warns on any growth)")
+        return value
+
+    @field_validator("oldest_waiting")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError(f"oldest_waiting must be a positive duration (e.g. 1h), not {value}")
+        return value
+
+
 class QueueDeclaration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -95,6 +119,8 @@ class QueueDeclaration(BaseModel):
     # (poison, dead_letter, quarantine), by failure time, e.g. {dead_letter: 30d, quarantine: 90d}.
     # A table not named here is kept until an operator purges it.
     retention: dict[str, Duration] = Field(default_factory=dict)
+    # Thresholds of the asset checks run after every cycle, e.g. {poison_growth: 100, oldest_waiting: 1h}.
+    checks: CheckThresholds = Field(default_factory=CheckThresholds)
 
     @field_validator("retention")
     @classmethod

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from poison_pipeline.broker.conversations import EndResult, end_conversation
+from poison_pipeline.broker.conversations import EndResult, check_end_request, conversation_queues, end_conversation
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER
 from poison_pipeline.operations.actions import Action, begin_action, finish_action
@@ -18,6 +18,17 @@ from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS,
 class OperatorEnd:
     result: EndResult
     action: Action
+
+
+def queues_to_end(declaration: Declaration, conversation_id: str, code: int, description: str, actor: str,
+                  queue: str | None = None) -> list[str]:
+    """The queues an operator's end applies to: `queue`, else every queue where the conversation has
+    messages, ledger rows or a recorded end (none: an empty list). ConversationError naming the first
+    thing wrong with the request, checked against every queue it could touch before any is changed."""
+    queues = [queue] if queue is not None else list(declaration.queues)
+    for name in queues:
+        check_end_request(declaration, name, conversation_id, code, description, actor)
+    return queues if queue is not None else conversation_queues(declaration, conversation_id)
 
 
 def end_conversation_by_operator(declaration: Declaration, queue: str, conversation_id: str, code: int,

@@ -21,7 +21,7 @@ from deltalake.exceptions import DeltaError
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
-from poison_pipeline.operations.status import format_time
+from poison_pipeline.operations.render import when as format_time
 from poison_pipeline.storage.tables import ATTEMPTS, EDITS, QueueTables
 
 # Enough to read any realistic body; beyond it an operator wants a file, not a terminal.

@@ -38,6 +38,7 @@ from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.render import breakdown, when
 from poison_pipeline.operations.selection import Selection, SelectionError, check_table, selected
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.intake import ensure_intake, record_intake
 from poison_pipeline.storage.journal import read_plan, remove_tree, write_plan
 from poison_pipeline.storage.tables import QueueTables
 
@@ -263,9 +264,17 @@ def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables,
         inbound = rows.select(schemas.MESSAGE.names)
         chunks = rows["chunk"].to_pylist()
         moved = 0
+        elsewhere = target.queue != tables.queue
+        if elsewhere:
+            ensure_intake(target, now)
+            ensure_intake(tables, now)
         for chunk in sorted(set(chunks)):
             part = inbound.filter(pc.equal(rows["chunk"], chunk))
             target.append(INBOUND, part, app_id=app_id, version=chunk + 1)
+            if elsewhere:  # a move between queues: one queue's intake is the other's outflow
+                batch = f"{redrive_id}-{chunk}"
+                record_intake(target, f"redrive from {tables.queue}", batch, part.num_rows, now, app_id, chunk + 1)
+                record_intake(tables, f"redrive to {target.queue}", batch, -part.num_rows, now, app_id, chunk + 1)
             moved += part.num_rows
             progress(moved, rows.num_rows)
         _remove_from_source(tables, request.source, rows)

@@ -1,8 +1,9 @@
 """`status`: per table of a queue, its counts, oldest age and due messages, and whether it is enabled.
 
 Counts come from the Delta log's file statistics, so status stays fast with millions of rows. The
-breakdowns (dead-letter and quarantine by reason, the ledger by disposition) come from the log too
-wherever a file holds a single value; only files that mix values have that one column read.
+breakdowns (dead-letter and quarantine by reason, the ledger by disposition, the purged ledger by the
+table its messages were purged from) come from the log too wherever a file holds a single value;
+only files that mix values have that one column read.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import DeltaTable
+from rich import box
+from rich.table import Table
 
 from poison_pipeline.broker.conversations import UnfinishedCleanup, unfinished_cleanups
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
+from poison_pipeline.operations.render import render
+from poison_pipeline.operations.render import when as format_time
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.lease import Holder
-from poison_pipeline.storage.tables import ATTEMPTS, CONVERSATIONS, QueueTables
+from poison_pipeline.storage.tables import ATTEMPTS, CONVERSATIONS, PURGED, QueueTables
 
 WAITING = "waiting"
 TERMINAL = "terminal"
@@ -30,7 +35,8 @@ LEDGER = "ledger"
 
 # When a row arrived in a terminal table: its age there is what an operator acts on (the stats'
 # `entered_at` of these rows is when the message entered the waiting table it failed in).
-_BREAKDOWN = {DEAD_LETTER: "reason", QUARANTINE: "reason", PROCESSED: "disposition"}
+_BREAKDOWN = {DEAD_LETTER: "reason", QUARANTINE: "reason", PROCESSED: "disposition", PURGED: "from_table"}
+_LEDGERS = (PROCESSED, PURGED)
 NO_VALUE = "(none)"
 
 
@@ -63,6 +69,8 @@ class QueueStatus:
     unfinished_cleanups: tuple[UnfinishedCleanup, ...] = ()
     # Who holds the queue's lease (a cycle, a transmission or an operator command at work), if anyone.
     lease_holder: Holder | None = None
+    # Messages deleted for good (`purge`, retention): `by` counts them per table they were purged from.
+    purged: TableStatus = TableStatus(PURGED, LEDGER, exists=False)
 
     def table(self, name: str) -> TableStatus:
         for status in self.tables:
@@ -82,7 +90,8 @@ def queue_status(declaration: Declaration, queue: str, now: datetime) -> QueueSt
     ]
     ended = tables.stats(CONVERSATIONS, now).rows if tables.exists(CONVERSATIONS) else 0
     return QueueStatus(queue, now, state.enabled, state.reason, state.actor, state.since, tuple(statuses),
-                       ended, tuple(unfinished_cleanups(declaration, tables)), tables.lease_holder())
+                       ended, tuple(unfinished_cleanups(declaration, tables)), tables.lease_holder(),
+                       _terminal(tables, PURGED, now))
 
 
 def _age(now: datetime, oldest: datetime | None) -> float | None:
@@ -108,7 +117,7 @@ def _attempts(tables: QueueTables, now: datetime) -> TableStatus:
 
 
 def _terminal(tables: QueueTables, table: str, now: datetime) -> TableStatus:
-    kind = LEDGER if table == PROCESSED else TERMINAL
+    kind = LEDGER if table in _LEDGERS else TERMINAL
     if not tables.exists(table):
         return TableStatus(table, kind, exists=False)
     stats = tables.stats(table, now)
@@ -173,10 +182,6 @@ def format_age(seconds: float | None) -> str:
     return f"{whole}s"
 
 
-def format_time(moment: datetime | None) -> str:
-    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
-
-
 def _state_line(status: QueueStatus) -> str:
     busy = f"\n  busy: lease held by {status.lease_holder.describe()}" if status.lease_holder else ""
     if status.enabled:
@@ -190,36 +195,26 @@ def _state_line(status: QueueStatus) -> str:
     ) + busy
 
 
-_HEADER = ("table", "rows", "oldest", "due", "next due", "by reason / disposition")
-_RIGHT_ALIGNED = {1, 3}
-
-
-def _aligned(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            cell.rjust(width) if i in _RIGHT_ALIGNED else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in rows
-    ]
-
-
-def _row(t: TableStatus) -> tuple[str, ...]:
-    return (
-        t.table,
-        str(t.rows) if t.exists else "-",
-        format_age(t.oldest_age_s) if t.exists else "(not created yet)",
-        "" if t.due is None else str(t.due),
-        "" if t.next_due is None else format_time(t.next_due),
-        " ".join(f"{k}={v}" for k, v in t.by.items()),
-    )
+def _tables(status: QueueStatus) -> Table:
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for title in ("table", "rows", "oldest", "due", "next due", "by reason / disposition / purged from"):
+        table.add_column(title, justify="right" if title in ("rows", "due") else "left")
+    for t in (*status.tables, status.purged):
+        table.add_row(
+            t.table,
+            str(t.rows) if t.exists else "-",
+            format_age(t.oldest_age_s) if t.exists else "(not created yet)",
+            "" if t.due is None else str(t.due),
+            "" if t.next_due is None else format_time(t.next_due),
+            " ".join(f"{k}={v}" for k, v in t.by.items()),
+        )
+    return table
 
 
 def format_status(statuses: Sequence[QueueStatus]) -> str:
     """A table per queue, for people; `--json` gives the same data for programs."""
     return "\n\n".join(
-        "\n".join([_state_line(s), *("  " + line for line in _aligned([_HEADER, *map(_row, s.tables)])),
+        "\n".join([_state_line(s), *("  " + line.rstrip() for line in render(_tables(s)).splitlines()),
                    *_ended_line(s)])
         for s in statuses
     )

@@ -44,6 +44,7 @@ from poison_pipeline.operations.actions import (
     mark_undone,
     table_version,
 )
+from poison_pipeline.storage.intake import record_intake
 from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
 
 
@@ -105,6 +106,10 @@ def _undo_redrive(declaration: Declaration, tables: QueueTables, action: Action,
             result = _restore(declaration, action, undo_id)
         else:
             result = _compensate(tables, source, target, action, undo_id)
+        if target.queue != tables.queue:  # the reverse of the redrive's intake rows
+            app_id = f"poison_pipeline/{undo_id}"
+            record_intake(tables, f"undo from {target.queue}", undo_id, result.restored, now, app_id, 1)
+            record_intake(target, f"undo to {tables.queue}", undo_id, -result.restored, now, app_id, 1)
     finish_action(tables, record, {"restored": result.restored, "unrecoverable": len(result.unrecoverable)},
                   touched)
     mark_undone(tables, action)

@@ -206,6 +206,18 @@ PURGED = pa.schema(
     ]
 )
 
+# The intake ledger: one row per batch of messages that entered the queue from outside (an enqueue,
+# a delivery from another queue's transmission, a send that never left, a redrive from or to another
+# queue, negative when they left), so the conservation check knows what was ever accepted.
+INTAKE = pa.schema(
+    [
+        pa.field("batch_id", pa.string()),
+        pa.field("source", pa.string()),  # enqueue, sent by <queue>, unsent, redrive ...
+        pa.field("messages", pa.int64()),
+        pa.field("at", TS),
+    ]
+)
+
 # The sender's transmission queue: sent messages waiting until their target queue accepts them.
 TRANSMISSION = pa.schema(
     [pa.field("target_queue", pa.string())]

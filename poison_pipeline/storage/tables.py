@@ -34,6 +34,8 @@ TRANSMISSION = "transmission"
 ACTIONS = "actions"
 EDITS = "edits"
 PURGED = "purged"
+# Not in `all_tables`: created with its opening balance by storage/intake.py.
+INTAKE = "intake"
 # delta-rs would write a million-row append as one row group, and Spark cannot split a row group:
 # the whole batch would be one task on one core. Smaller groups let a cycle use every core.
 _WRITER = WriterProperties(max_row_group_size=65_536)
@@ -54,6 +56,7 @@ def schema_of(table: str) -> pa.Schema:
         ACTIONS: schemas.ACTIONS,
         EDITS: schemas.EDITS,
         PURGED: schemas.PURGED,
+        INTAKE: schemas.INTAKE,
     }[table]
 
 
@@ -65,7 +68,7 @@ def _quoted(value: str) -> str:
 _ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at",
             ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at", CONVERSATIONS: "at",
             TRANSMISSION: "enqueued_at", ACTIONS: "at", EDITS: "at",
-            PURGED: "purged_at"}
+            PURGED: "purged_at", INTAKE: "at"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,106 @@
+"""`purge QUEUE --table T --older-than AGE [filters] [--yes]`: delete failed messages for good."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime, timedelta
+
+from poison_pipeline.cli.common import (
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    Commands,
+    UsageError,
+    add_actor,
+    add_command,
+    add_json,
+    complain,
+    declaration_of,
+    print_json,
+)
+from poison_pipeline.cli.selection import add_selection_arguments, selection
+from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.domain.routing import FAILURE_TABLES
+from poison_pipeline.operations.purge import PurgeError, PurgeResult, format_purge, purge, result_json
+from poison_pipeline.operations.selection import SelectionError
+
+
+def add_parser(commands: Commands) -> None:
+    sub = add_command(
+        commands, "purge", "delete failed messages for good (older than an age; confirmation or --yes)",
+        "Delete for good the messages of QUEUE's poison, dead_letter or quarantine table that failed\n"
+        "more than AGE ago (--older-than, by the time they entered the table) and match the filters\n"
+        "(all must hold). Without --yes it shows what it would delete (counts per failure group and\n"
+        "message type, sample ids) and asks on the terminal; when stdin is not a terminal it refuses\n"
+        "(exit 1) and deletes nothing. Each purged message keeps a row in the queue's purged ledger\n"
+        "(id, where it was, when it failed, which action), counted by the conservation line; the\n"
+        "action is recorded in the actions ledger. A purge killed midway is completed by the next\n"
+        "purge of the queue (or by running it again with its --id); nothing is deleted twice.",
+        run,
+    )
+    sub.add_argument("queue", metavar="QUEUE", help="the queue whose failed messages are purged")
+    sub.add_argument("--table", required=True, choices=FAILURE_TABLES, help="where they are")
+    sub.add_argument("--older-than", metavar="AGE", required=True, type=_age,
+                     help="failed more than this long ago: 30d, 12h, 90m, PT1H or seconds")
+    add_selection_arguments(sub)
+    sub.add_argument("--yes", "-y", action="store_true", help="delete without asking")
+    sub.add_argument("--id", metavar="ID", help="the purge's id (resume it after a kill)")
+    add_actor(sub)
+    add_json(sub)
+
+
+def _age(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    declaration = declaration_of(args)
+    chosen, now = selection(args), datetime.now(UTC)  # one cutoff for the preview and the purge
+    try:
+        if not args.yes:
+            preview = purge(declaration, args.queue, args.table, args.older_than, chosen, dry_run=True,
+                            purge_id=args.id, actor=args.actor, now=now)
+            if not preview.purged:
+                return _nothing_to_purge(args, preview)
+            _show(args, preview)
+            if not _confirmed(args, preview.purged):
+                return EXIT_INCOMPLETE
+        result = purge(declaration, args.queue, args.table, args.older_than, chosen, purge_id=args.id,
+                       actor=args.actor, now=now)
+    except (PurgeError, SelectionError) as error:
+        raise UsageError(str(error)) from None
+    if not result.purged and not result.already_done:
+        return _nothing_to_purge(args, result)
+    _show(args, result)
+    return EXIT_OK
+
+
+def _confirmed(args: argparse.Namespace, count: int) -> bool:
+    """Asked on the terminal; never without one (a pipe or a job cannot say yes by accident)."""
+    if not sys.stdin.isatty():
+        complain(args, f"refusing to delete {count} message(s) without --yes (stdin is not a terminal to "
+                       "confirm on); nothing deleted")
+        return False
+    print(f"Delete {count} messages for good? [y/N] ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        complain(args, "not confirmed; nothing deleted")
+        return False
+    return True
+
+
+def _show(args: argparse.Namespace, result: PurgeResult) -> None:
+    if args.json:
+        print_json(result_json(result))
+    else:
+        print(format_purge(result))
+
+
+def _nothing_to_purge(args: argparse.Namespace, result: PurgeResult) -> int:
+    if args.json:
+        print_json(result_json(result))
+    complain(args, f"nothing to purge: no message in {args.queue}/{args.table} failed before "
+                   f"{result.cutoff.isoformat()} and matches the filters")
+    return EXIT_INCOMPLETE

@@ -1,0 +1,41 @@
+"""`status [--queue Q] [--json]`: counts, oldest age and due messages per queue and table."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from datetime import UTC, datetime
+
+from poison_pipeline.cli.common import EXIT_OK, Commands, add_command, add_json, check_queue, declaration_of, print_json
+from poison_pipeline.operations.status import format_status, queue_status
+
+
+def add_parser(commands: Commands) -> None:
+    sub = add_command(
+        commands, "status", "counts, oldest age and due messages per queue and table; enabled or disabled",
+        "For each queue: ENABLED or DISABLED (with reason, who and since when), then per table\n"
+        "(inbound, retry_k, poison, dead_letter, quarantine, processed, attempts) its rows, the\n"
+        "age of its oldest row and, for waiting tables, how many are due and when the next is;\n"
+        "the messages purged for good, per table they were purged from; then how many\n"
+        "conversations were ended with an error (end-conversation), if any.\n"
+        "Reads the Delta logs only (plus one narrow column where a file mixes reasons or\n"
+        "dispositions); changes nothing.",
+        run,
+    )
+    sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only this queue (default: all)")
+    add_json(sub, "tables")
+
+
+def run(args: argparse.Namespace) -> int:
+    declaration = declaration_of(args)
+    queues = list(declaration.queues)
+    if args.queue is not None:
+        check_queue(declaration, args.queue)
+        queues = [args.queue]
+    now = datetime.now(UTC)
+    statuses = [queue_status(declaration, queue, now) for queue in queues]
+    if args.json:
+        print_json({"checked_at": now, "queues": [asdict(s) for s in statuses]})
+    else:
+        print(format_status(statuses))
+    return EXIT_OK

@@ -1,0 +1,51 @@
+"""The daily retention of a queue: a schedule that purges what failed longer ago than the queue's
+declared `retention` (operations/purge.apply_retention), defined only for a queue that declares one."""
+
+from dagster import (
+    DefaultScheduleStatus,
+    JobDefinition,
+    MetadataValue,
+    Nothing,
+    OpExecutionContext,
+    Out,
+    Output,
+    ScheduleDefinition,
+    in_process_executor,
+    job,
+    op,
+)
+
+from poison_pipeline.defs.naming import QUEUE_TAG, retention_job_name, retention_schedule_name
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.operations.purge import apply_retention, format_purge
+
+# Early in the morning (UTC), away from the business day's traffic.
+RETENTION_CRON = "15 3 * * *"
+
+
+def retention_job(declaration: Declaration, queue: str) -> JobDefinition:
+    @op(name=f"{retention_job_name(queue)}_op", out=Out(Nothing),
+        description="Purges the failed messages older than the queue's declared retention.")
+    def apply(context: OpExecutionContext) -> Output:
+        results = apply_retention(declaration, queue, run_id=context.run.run_id)
+        for result in results:
+            context.log.info(format_purge(result))
+        return Output(None, metadata={f"purged_{r.table}": MetadataValue.int(r.purged) for r in results})
+
+    @job(name=retention_job_name(queue), tags={QUEUE_TAG: queue}, executor_def=in_process_executor,
+         description=f"Applies {queue}'s declared retention: purges failed messages kept long enough.")
+    def retention() -> None:
+        apply()
+
+    return retention
+
+
+def retention_schedules(declaration: Declaration, queue: str) -> list[ScheduleDefinition]:
+    """The queue's daily retention schedule, stopped until an operator turns it on; none without a
+    declared retention (its failures are kept until an operator purges them)."""
+    if not declaration.queue(queue).retention:
+        return []
+    return [ScheduleDefinition(name=retention_schedule_name(queue), job=retention_job(declaration, queue),
+                               cron_schedule=RETENTION_CRON, execution_timezone="UTC",
+                               default_status=DefaultScheduleStatus.STOPPED,
+                               description=f"Daily: purges {queue}'s failures older than its declared retention.")]

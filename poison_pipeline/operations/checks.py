@@ -1,0 +1,155 @@
+"""The asset checks of a queue as plain functions: each reads Delta logs or one narrow column, no Spark.
+
+- conservation (error): what the queue ever accepted (the intake ledger) equals what it accounts for
+  (the conservation line: waiting, failed, terminal and purged);
+- one_place (error): no message id in two waiting or failure tables at once;
+- poison_growth, dead_letter_growth (warning): growth since the previous check over a threshold;
+- oldest_waiting (warning, per waiting table): a message due for longer than a threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+from deltalake.fs import DeltaStorageHandler
+
+from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, QUARANTINE
+from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.storage.intake import accepted_total, ensure_intake
+from poison_pipeline.storage.tables import QueueTables
+
+CONSERVATION = "conservation"
+ONE_PLACE = "one_place"
+POISON_GROWTH = "poison_growth"
+DEAD_LETTER_GROWTH = "dead_letter_growth"
+OLDEST_WAITING = "oldest_waiting"
+# What each growth check watches: the poison path is poison plus what its reader quarantined.
+GROWTH_TABLES: dict[str, tuple[str, ...]] = {POISON_GROWTH: (POISON, QUARANTINE),
+                                             DEAD_LETTER_GROWTH: (DEAD_LETTER,)}
+SAMPLE = 20
+_IDS = pa.schema([pa.field("message_id", pa.string())])
+
+
+class Severity(StrEnum):
+    ERROR = "error"
+    WARN = "warn"
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    name: str
+    table: str  # the table (asset) the check is about
+    severity: Severity
+    passed: bool
+    description: str
+    metadata: dict[str, int | float | str | list[str] | None] = field(default_factory=dict)
+
+
+def check_conservation(tables: QueueTables) -> CheckOutcome:
+    if accepted_total(tables) is None:
+        ensure_intake(tables)  # a lake older than the intake ledger: its opening balance starts it
+    accepted = accepted_total(tables) or 0
+    line = conservation(tables)
+    terms: dict[str, int | float | str | list[str] | None] = {
+        **{f"ledger_{kind}": n for kind, n in sorted(line.ledger.items())},
+        "waiting": line.waiting, "poison": line.poison, "dead_letter": line.dead_letter,
+        "quarantined": line.quarantined, "purged": line.purged,
+    }
+    difference = line.accounted - accepted
+    if difference == 0:
+        description = f"all {accepted} accepted messages are accounted for"
+    elif difference < 0:
+        description = f"{-difference} of {accepted} accepted messages are nowhere (lost)"
+    else:
+        description = f"{difference} more messages accounted for than were ever accepted ({accepted})"
+    return CheckOutcome(CONSERVATION, INBOUND, Severity.ERROR, difference == 0, description, {
+        "accepted": accepted, "accounted": line.accounted, "difference": difference, **terms,
+        "line": line.line(received=accepted)})
+
+
+def message_ids(tables: QueueTables, table: str) -> pa.ChunkedArray:
+    """The message ids of a table (repeats kept): one column of the files the log lists, read with
+    pyarrow. delta-rs's own dataset would first turn every file's statistics into a partition
+    expression, which costs more than reading the column (unpartitioned tables need none)."""
+    if not tables.exists(table):
+        return pa.chunked_array([], pa.string())
+    actions = pa.table(tables.open(table).get_add_actions(flatten=False))
+    if actions.num_rows == 0:
+        return pa.chunked_array([], pa.string())
+    paths = actions["path"].to_pylist()
+    sizes = dict(zip(paths, actions["size_bytes"].to_pylist(), strict=True))
+    files = pafs.PyFileSystem(DeltaStorageHandler(tables.uri(table), tables.storage_options, sizes))
+    dataset = pads.dataset(paths, schema=_IDS, format="parquet", filesystem=files)
+    return dataset.to_table(columns=["message_id"])["message_id"]
+
+
+def check_one_place(tables: QueueTables) -> CheckOutcome:
+    # A table may hold one id twice (enqueued twice, the later one a duplicate-to-be); two tables may not.
+    watched = (*tables.waiting, DEAD_LETTER, QUARANTINE)
+    ids = {table: message_ids(tables, table) for table in watched}
+    # Hashing every id of the largest table (inbound, usually) would cost ten times reading them: only
+    # the other tables' ids are hashed, and the largest one is probed against them.
+    largest = max(watched, key=lambda t: len(ids[t]))
+    others = [t for t in watched if t != largest]
+    distinct = {t: pc.unique(ids[t]) for t in others}
+    rest = pa.concat_arrays([distinct[t] for t in others])
+    counts = pc.value_counts(rest)
+    between_others = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    in_largest = pc.unique(ids[largest].filter(pc.is_in(ids[largest], value_set=counts.field("values"))))
+    twice = sorted(set(between_others.to_pylist()) | set(in_largest.to_pylist()))
+    shown = twice[:SAMPLE]
+    # Where they are is looked up for the sample only: a healthy queue has none to look up.
+    sample = [f"{mid}: {', '.join(t for t in watched if pc.any(pc.equal(ids[t], mid)).as_py())}" for mid in shown]
+    checked = sum(len(a) for a in ids.values())
+    description = (f"every one of {checked} message ids is in one table" if not twice else
+                   f"{len(twice)} message id(s) in two tables at once, e.g. {sample[0]}")
+    return CheckOutcome(ONE_PLACE, INBOUND, Severity.ERROR, not twice, description, {
+        "ids_checked": checked, "in_two_places": len(twice), "sample": sample})
+
+
+def check_growth(tables: QueueTables, name: str, threshold: int, previous: int | None) -> CheckOutcome:
+    """Net growth of the watched tables' rows since `previous` (the last check's count; none: from 0)."""
+    watched = GROWTH_TABLES[name]
+    counts = {table: tables.open(table).count() if tables.exists(table) else 0 for table in watched}
+    rows = sum(counts.values())
+    growth = rows - (previous or 0)
+    since = "since the previous check" if previous is not None else "with no earlier check"
+    description = (f"{growth:+d} messages in {' + '.join(watched)} {since} (threshold {threshold}); "
+                   f"{rows} there now")
+    return CheckOutcome(name, watched[0], Severity.WARN, growth <= threshold, description, {
+        "rows": rows, "previous": previous, "growth": growth, "threshold": threshold,
+        **{f"rows_{table}": n for table, n in counts.items()}})
+
+
+def check_oldest_waiting(tables: QueueTables, table: str, threshold: timedelta,
+                         now: datetime | None = None) -> CheckOutcome:
+    """How long the table's oldest due message has been due, from the log's due_at statistics."""
+    now = now or datetime.now(UTC)
+    due = _oldest_due(tables, table)
+    age = max((now - due).total_seconds(), 0.0) if due is not None and due <= now else 0.0
+    passed = age <= threshold.total_seconds()
+    if due is None or due > now:
+        description = f"no message is due (threshold {threshold})"
+    else:
+        description = (f"the oldest due message has waited {timedelta(seconds=round(age))} since it was due "
+                       f"(threshold {threshold})")
+    if not passed:
+        description += ": is the queue disabled, its sensor stopped, or its cycles failing?"
+    return CheckOutcome(OLDEST_WAITING, table, Severity.WARN, passed, description, {
+        "oldest_due_age_s": round(age, 3), "threshold_s": threshold.total_seconds(),
+        "oldest_due_at": due.isoformat() if due is not None else None})
+
+
+def _oldest_due(tables: QueueTables, table: str) -> datetime | None:
+    if not tables.exists(table):
+        return None
+    actions = pa.table(tables.open(table).get_add_actions(flatten=True))
+    if actions.num_rows == 0 or "min.due_at" not in actions.column_names:
+        return None
+    return pc.min(actions["min.due_at"]).as_py()

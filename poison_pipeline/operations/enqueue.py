@@ -1,0 +1,113 @@
+"""`enqueue`: a JSON Lines file of envelopes into a queue's inbound, one bad line never blocking the rest.
+
+Every line is screened first, then the valid ones go to `storage.enqueue.enqueue` in one commit;
+each refusal keeps its line number, its message id (when it has one) and the reason, and the refused
+lines can be written beside the input so that nothing is lost.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
+from poison_pipeline.domain.policy import Policy
+from poison_pipeline.storage.enqueue import enqueue
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class Refusal:
+    line: Line
+    message_id: object
+    error: str
+
+
+@dataclass(frozen=True)
+class FileEnqueued:
+    queue: str
+    lines: int
+    accepted: int
+    batch_id: str | None
+    refused: tuple[Refusal, ...]  # in line order
+
+
+def split_lines(data: bytes) -> list[Line]:
+    """The non-blank lines of a JSON Lines file, numbered from 1."""
+    # Split on "\n" only, so line numbers match what an editor shows.
+    return [Line(n, raw) for n, raw in enumerate(data.split(b"\n"), start=1) if raw.strip()]
+
+
+def enqueue_lines(declaration: Declaration, queue: str, lines: list[Line],
+                  now: datetime | None = None) -> FileEnqueued:
+    """Enqueue the valid lines in one commit; every other line is refused with its reason."""
+    now = now or datetime.now(UTC)
+    policy = declaration.queue(queue).policy
+    refused: list[Refusal] = []
+    texts: list[str] = []
+    origins: list[Line] = []
+    for line in lines:
+        text, message_id, problem = _screen(line.raw, policy, now)
+        if text is None:
+            refused.append(Refusal(line, message_id, problem or "refused"))
+            continue
+        texts.append(text)
+        origins.append(line)
+    result = enqueue(declaration, queue, texts, now=now)
+    refused.extend(Refusal(origins[r.line - 1], r.message_id, r.error) for r in result.refused)
+    refused.sort(key=lambda refusal: refusal.line.number)
+    return FileEnqueued(queue, len(lines), result.accepted, result.batch_id, tuple(refused))
+
+
+def _screen(raw: bytes, policy: Policy, now: datetime) -> tuple[str | None, object, str | None]:
+    """The line as text, or why it cannot even be handed to `enqueue`.
+
+    `enqueue` reports envelope errors itself; this catches what would make it fail for the whole
+    file instead (bytes that are not UTF-8, escaped lone surrogates, dates out of range, nesting
+    too deep), so one bad line never blocks the good ones.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return None, None, (f"not valid UTF-8 at byte {error.start} (send binary bodies base64-encoded "
+                            "in body_base64 with encoding 'binary')")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        return text, None, None  # enqueue refuses it with its own message
+    except (ValueError, RecursionError) as error:
+        return None, None, f"not valid JSON ({type(error).__name__}: {error})"
+    message_id = record.get("message_id") if isinstance(record, dict) else None
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError, ValueError) as error:
+        return None, message_id, f"cannot be stored as UTF-8 text ({type(error).__name__}: {error})"
+    try:
+        parse_envelope(record, now, policy.time_to_live, policy.max_body_bytes)
+    except EnvelopeError:
+        return text, message_id, None
+    except (ArithmeticError, ValueError, TypeError, RecursionError) as error:
+        return None, message_id, f"cannot be enqueued ({type(error).__name__}: {error})"
+    return text, message_id, None
+
+
+def refused_path(path: Path) -> Path:
+    """`orders.jsonl` -> `orders.refused.jsonl`, beside the input; never the input itself."""
+    stem = path.name.removesuffix(".jsonl")
+    return path.with_name(f"{stem}.refused.jsonl")
+
+
+def write_refused(target: Path, refused: tuple[Refusal, ...]) -> None:
+    """Write the refused lines, as they were, to `target` (see `refused_path`); OSError if it cannot."""
+    # A reader (or a re-run) never sees half a file of refused lines.
+    partial = target.with_name(target.name + ".tmp")
+    partial.write_bytes(b"".join(r.line.raw.rstrip(b"\r") + b"\n" for r in refused))
+    partial.replace(target)

@@ -1,0 +1,202 @@
+"""The asset checks of a queue: real cycle runs in Dagster, real Delta tables broken on purpose."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from dagster import AssetCheckSeverity, DagsterInstance, ExecuteInProcessResult
+from deltalake import write_deltalake
+
+from poison_pipeline.defs.build import build_definitions
+from poison_pipeline.defs.naming import job_name
+from poison_pipeline.domain.declaration import Declaration, DeclarationError
+from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.checks import check_conservation
+from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.undo import undo
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.control import set_enabled
+from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.support import places, queue, send
+
+QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+
+
+def _declare(make_declaration: Any, checks: dict[str, Any] | None = None, **policy: Any) -> Declaration:
+    queues = queue(**{"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "move", **policy})
+    if checks is not None:
+        queues["q"]["checks"] = checks
+    return make_declaration(queues)
+
+
+def _cycle(declaration: Declaration, instance: DagsterInstance, table: str = "inbound") -> ExecuteInProcessResult:
+    result = build_definitions(declaration).resolve_job_def(job_name("q", table)).execute_in_process(
+        instance=instance, run_config=QUIET)
+    assert result.success
+    return result
+
+
+def _checks(result: ExecuteInProcessResult) -> dict[str, Any]:
+    """check 'table:name' -> its evaluation, from this run's events."""
+    return {f"{e.asset_key.path[-1]}:{e.check_name}": e for e in result.get_asset_check_evaluations()}
+
+
+def _meta(evaluation: Any) -> dict[str, Any]:
+    return {k: v.value for k, v in evaluation.metadata.items()}
+
+
+def test_every_check_passes_after_a_cycle_in_the_same_run(spark, make_declaration):
+    declaration = _declare(make_declaration)
+    send(declaration, {"ok": {}, "ok2": {}, "bad": {"fail": True}})
+    with DagsterInstance.ephemeral() as instance:
+        result = _cycle(declaration, instance)
+    steps = [e.step_key for e in result.all_events if e.is_step_start]
+    assert steps == ["q__inbound", "q__checks"]  # the checks step runs once the cycle has committed
+    checks = _checks(result)
+    assert set(checks) == {"inbound:conservation", "inbound:one_place", "poison:poison_growth",
+                           "dead_letter:dead_letter_growth", "inbound:oldest_waiting", "poison:oldest_waiting"}
+    assert all(e.passed for e in checks.values()), {k: e.description for k, e in checks.items()}
+    line = _meta(checks["inbound:conservation"])
+    # It saw the tables after the cycle: two processed, one poisoned.
+    assert line["accepted"] == line["accounted"] == 3
+    assert line["ledger_processed"] == 2 and line["poison"] == 1 and line["waiting"] == 0
+    assert line["line"].endswith("OK")
+    assert checks["inbound:conservation"].severity == AssetCheckSeverity.ERROR
+    assert checks["poison:poison_growth"].severity == AssetCheckSeverity.WARN
+
+
+def test_a_message_in_two_tables_fails_one_place_and_conservation_naming_it(spark, make_declaration):
+    declaration = _declare(make_declaration)
+    send(declaration, {"a": {}, "b": {}})
+    tables = QueueTables.of(declaration, "q")
+    set_enabled(tables, False, "ops", "maintenance")  # the cycle leaves both in inbound
+    inbound = tables.open("inbound").to_pyarrow_table()
+    copy = schemas.project(inbound.filter(pa.compute.equal(inbound["message_id"], "a")), schemas.DEAD_LETTER,
+                           reason="rejected", from_table="inbound", dead_lettered_at=datetime.now(UTC))
+    write_deltalake(tables.uri("dead_letter"), copy, mode="append")  # a writer that broke the rule
+    with DagsterInstance.ephemeral() as instance:
+        checks = _checks(_cycle(declaration, instance))
+    one_place = checks["inbound:one_place"]
+    assert not one_place.passed and one_place.severity == AssetCheckSeverity.ERROR
+    assert _meta(one_place)["in_two_places"] == 1
+    assert "a: dead_letter, inbound" in _meta(one_place)["sample"] or "a: inbound, dead_letter" in _meta(
+        one_place)["sample"]
+    conservation = checks["inbound:conservation"]
+    assert not conservation.passed
+    terms = _meta(conservation)
+    assert terms["accepted"] == 2 and terms["accounted"] == 3 and terms["dead_letter"] == 1
+    assert "1 more messages accounted for than were ever accepted" in conservation.description
+    assert places(declaration) == {"a": ["inbound", "dead_letter"], "b": ["inbound"]}  # nothing was repaired
+
+
+def test_a_lost_message_fails_conservation(spark, make_declaration):
+    declaration = _declare(make_declaration)
+    send(declaration, {"a": {}, "b": {}})
+    tables = QueueTables.of(declaration, "q")
+    set_enabled(tables, False, "ops", "maintenance")
+    tables.open("inbound").delete("message_id = 'b'")
+    with DagsterInstance.ephemeral() as instance:
+        conservation = _checks(_cycle(declaration, instance))["inbound:conservation"]
+    assert not conservation.passed
+    assert _meta(conservation)["difference"] == -1
+    assert "1 of 2 accepted messages are nowhere" in conservation.description
+    assert _meta(conservation)["line"].endswith("MISMATCH")
+
+
+def test_poison_growth_warns_over_its_threshold_since_the_previous_check(spark, make_declaration):
+    declaration = _declare(make_declaration, checks={"poison_growth": 2})
+    send(declaration, {f"bad-{i}": {"fail": True} for i in range(3)})
+    with DagsterInstance.ephemeral() as instance:
+        first = _checks(_cycle(declaration, instance))["poison:poison_growth"]
+        assert not first.passed and first.severity == AssetCheckSeverity.WARN
+        assert _meta(first)["growth"] == 3 and _meta(first)["threshold"] == 2
+        enqueue(declaration, "q", [{"message_id": "bad-3", "message_type": "test", "body": {"fail": True}}])
+        second = _checks(_cycle(declaration, instance))["poison:poison_growth"]
+    # Measured from the previous evaluation (Dagster's check history): one more since then.
+    assert second.passed and _meta(second)["previous"] == 3 and _meta(second)["growth"] == 1
+    assert _meta(second)["rows"] == 4
+
+
+def test_an_old_due_message_on_a_disabled_queue_warns_oldest_waiting(spark, make_declaration):
+    declaration = _declare(make_declaration, checks={"oldest_waiting": "1h"})
+    two_hours_ago = datetime.now(UTC) - timedelta(hours=2)
+    enqueue(declaration, "q", [{"message_id": "old", "message_type": "test", "body": {}}], now=two_hours_ago)
+    set_enabled(QueueTables.of(declaration, "q"), False, "ops", "database down")
+    with DagsterInstance.ephemeral() as instance:
+        checks = _checks(_cycle(declaration, instance))
+    oldest = checks["inbound:oldest_waiting"]
+    assert not oldest.passed and oldest.severity == AssetCheckSeverity.WARN
+    assert _meta(oldest)["oldest_due_age_s"] >= 7200 and "disabled" in oldest.description
+    assert checks["poison:oldest_waiting"].passed  # the other waiting tables are fine
+    assert checks["inbound:conservation"].passed
+
+
+@pytest.mark.parametrize(("checks", "message"), [
+    ({"poison_growth": -1}, "queues.q.checks.poison_growth = -1: a growth threshold is a number of messages"),
+    ({"oldest_waiting": "0s"}, "queues.q.checks.oldest_waiting = '0s': oldest_waiting must be a positive"),
+    ({"oldest_waiting": "soon"}, "queues.q.checks.oldest_waiting = 'soon': 'soon' is not a duration"),
+    ({"dead_letter_growht": 5}, "queues.q.checks.dead_letter_growht = 5: Extra inputs are not permitted"),
+])
+def test_check_thresholds_are_validated_with_the_field_and_rule(make_declaration, checks, message):
+    with pytest.raises(DeclarationError) as error:
+        _declare(make_declaration, checks=checks)
+    assert message in str(error.value)
+
+
+def test_declared_thresholds_and_defaults(make_declaration):
+    defaults = _declare(make_declaration).queue("q").checks
+    assert (defaults.poison_growth, defaults.dead_letter_growth, defaults.oldest_waiting) == (
+        100, 100, timedelta(hours=1))
+    declared = _declare(make_declaration, checks={"dead_letter_growth": 5, "oldest_waiting": "10m"}).queue("q").checks
+    assert (declared.poison_growth, declared.dead_letter_growth, declared.oldest_waiting) == (
+        100, 5, timedelta(minutes=10))
+
+
+FORWARD = "poison_pipeline_tests.handlers:forwarding"
+ACCEPT = "poison_pipeline_tests.handlers:accept"
+FAST = {"receive_retry_count": 0, "max_retry_cycles": 0, "retry_cycle_delay": 0, "receive_error_handling": "move"}
+
+
+def test_conservation_balances_across_sends_unsent_sends_and_redrives_between_queues(spark, make_declaration):
+    declaration = make_declaration({
+        "orders": {"handler": FORWARD, "policy": FAST},
+        "shipping": {"handler": ACCEPT, "policy": FAST, "message_types": ["ship"]},
+    })
+    enqueue(declaration, "orders", [
+        {"message_id": "o1", "message_type": "order", "conversation_id": "c1",
+         "body": {"sends": [{"to": "shipping", "type": "ship"}]}},
+        # shipping does not take "junk" (-8428): the send is dead-lettered in orders, never delivered.
+        {"message_id": "o2", "message_type": "order", "conversation_id": "c2",
+         "body": {"sends": [{"to": "shipping", "type": "junk"}]}},
+        {"message_id": "o3", "message_type": "order", "conversation_id": "c3", "body": {"fail": True}},
+    ])
+    run_cycle(spark, declaration, "orders", "inbound")
+    orders, shipping = QueueTables.of(declaration, "orders"), QueueTables.of(declaration, "shipping")
+    assert places(declaration, "orders") == {"o1": ["processed:processed"], "o2": ["processed:processed"],
+                                             "o2/1": ["dead_letter"], "o3": ["poison"]}
+    assert places(declaration, "shipping") == {"o1/1": ["inbound"]}
+    moved = redrive(declaration, "orders", "poison", to="shipping")  # o3 leaves orders for shipping
+    assert moved.moved == 1
+    lines = {q: check_conservation(t) for q, t in (("orders", orders), ("shipping", shipping))}
+    assert all(c.passed for c in lines.values()), {q: c.description for q, c in lines.items()}
+    assert (lines["orders"].metadata["accepted"], lines["shipping"].metadata["accepted"]) == (3, 2)
+    undo(declaration, moved.action_id)  # and back
+    lines = {q: check_conservation(t) for q, t in (("orders", orders), ("shipping", shipping))}
+    assert all(c.passed for c in lines.values()), {q: c.description for q, c in lines.items()}
+    assert (lines["orders"].metadata["accepted"], lines["shipping"].metadata["accepted"]) == (4, 1)
+
+
+def test_a_lake_older_than_the_intake_ledger_gets_an_opening_balance(spark, make_declaration):
+    declaration = _declare(make_declaration)
+    send(declaration, {"a": {}, "b": {}})
+    tables = QueueTables.of(declaration, "q")
+    shutil.rmtree(tables.uri("intake"))  # as a lake written before the ledger existed
+    first = check_conservation(tables)
+    assert first.passed and first.metadata["accepted"] == 2
+    send(declaration, {"c": {}})
+    assert check_conservation(tables).metadata["accepted"] == 3
