@@ -3,7 +3,8 @@ its sensors drive the inbound and retry cycles by themselves; headless Chromium 
 
 Nothing here launches a run: the daemon's sensors do, as they would for a person who only opened
 the UI. The messages are the demo's orders: one succeeds on the inbound cycle, one on retry cycle
-1 (its profile arrives in the meantime), one never does and is rejected to the dead-letter table.
+1 (its profile arrives in the meantime), one never does and is rejected to the dead-letter table,
+which the failure sensor raises as one alert run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from poison_pipeline.defs.naming import job_name, sensor_name
+from poison_pipeline.defs.naming import alert_job_name, alert_sensor_name, job_name, sensor_name
+from poison_pipeline.domain.alerts import MESSAGES_FAILED
 from poison_pipeline.domain.declaration import Declaration, load_declaration
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.status import queue_status
@@ -51,6 +53,7 @@ MESSAGES = {
 }
 STARTUP_TIMEOUT_S = 120
 CYCLES_TIMEOUT_S = 360  # the retry sensor ticks every 60 s: a cycle slower than that costs a tick
+ALERT_TIMEOUT_S = 120  # the failure sensor ticks every 30 s
 
 
 def _declaration_file(tmp_path: Path) -> Path:
@@ -241,6 +244,14 @@ def _runs(server: DagsterDev) -> list[dict[str, Any]]:
     return result["results"]
 
 
+def _alert_pending(server: DagsterDev, event_id: str) -> str | None:
+    """What is missing of the failure alert run for `event_id`: launched, then finished."""
+    for run in _runs(server):
+        if {t["key"]: t["value"] for t in run["tags"]}.get("dagster/run_key") == event_id:
+            return f"alert run {run['runId']} is {run['status']}" if run["status"] in _UNFINISHED else None
+    return f"no alert run for event {event_id} yet"
+
+
 def _places(declaration: Declaration) -> dict[str, str]:
     """message id -> its ledger disposition or the table it is in, read from the tables themselves."""
     tables = QueueTables.of(declaration, QUEUE)
@@ -330,14 +341,26 @@ def test_dagster_dev_shows_lineage_and_sensors_drive_retry_cycles(dagster_dev, t
     assert status.table("processed").by == {"processed": 2}, status.table("processed")
     assert conservation(QueueTables.of(declaration, QUEUE)).accounted == len(MESSAGES)
 
+    # The cycle that rejected order-missing to the dead-letter table is raised once, by the failure
+    # sensor, with its event id as run key.
+    events = QueueTables.of(declaration, QUEUE).open("events").to_pyarrow_table().to_pylist()
+    [failed] = [e for e in events if e["kind"] == MESSAGES_FAILED]
+    assert (failed["table"], json.loads(failed["failures"])[0]["count"]) == ("retry_1", 1), failed
+    server.wait_until("the failure alert run", lambda: _alert_pending(server, failed["event_id"]), ALERT_TIMEOUT_S)
+
     runs = _runs(server)
     assert runs, f"no runs{server.tail()}"
     sensor_of = {job_name(QUEUE, t): sensor_name(QUEUE, t) for t in QueueTables.of(declaration, QUEUE).waiting}
+    alerts = [run for run in runs if run["jobName"] == alert_job_name(QUEUE, MESSAGES_FAILED)]
     for run in runs:
         tags = {t["key"]: t["value"] for t in run["tags"]}
         assert run["status"] == "SUCCESS", f"{run}{server.tail()}"
+        if run in alerts:
+            assert tags.get("dagster/sensor_name") == alert_sensor_name(QUEUE, MESSAGES_FAILED), run
+            continue
         # Only cycles ran, each launched by its table's sensor with a run key: nobody else launched any.
         assert tags.get("dagster/sensor_name") == sensor_of.get(run["jobName"], "(not a cycle job)"), run
         assert tags.get("dagster/run_key", "").startswith(f"{QUEUE}/"), run
+    assert [{t["key"]: t["value"] for t in run["tags"]}["dagster/run_key"] for run in alerts] == [failed["event_id"]]
     jobs = {run["jobName"] for run in runs}
     assert {job_name(QUEUE, "inbound"), job_name(QUEUE, "retry_1")} <= jobs, jobs

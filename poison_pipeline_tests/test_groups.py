@@ -232,9 +232,9 @@ def test_the_dead_letter_asset_carries_its_failure_groups(make_declaration) -> N
         result = materialize([dead_letter], instance=instance)
     [event] = result.get_asset_materialization_events()
     metadata = {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
-    assert (metadata["failure_groups"], metadata["largest_failure_group"]) == (2, 2)
+    assert (metadata["failure_groups"], metadata["failed_messages"], metadata["largest_failure_group"]) == (2, 3, 2)
     top = metadata["failure_groups_top"]
-    assert "| 01234567 | 2 |" in top and "KeyError: &lt;str&gt;" in top
+    assert f"| 01234567 | {SIG_A} | 2 |" in top and "KeyError: &lt;str&gt;" in top
 
 
 # -- a real cycle: two bugs, two groups -------------------------------------------------------------

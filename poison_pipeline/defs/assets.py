@@ -1,18 +1,30 @@
 """Assets of one application queue: each waiting table's materialization is one retry cycle."""
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
-from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 
 from poison_pipeline.broker.transmission import transmit
+from poison_pipeline.defs.failure_metadata import (
+    changed_ledgers,
+    failure_group_metadata,
+    ledger_versions,
+    table_metadata,
+)
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.defs.resources import SparkResource
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, POISON, PROCESSED, QUARANTINE
+from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.engine.cycle import CycleReport, run_cycle
-from poison_pipeline.operations.groups import FailureGroup, failure_groups
+from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
 _OUTCOMES = ("processed", "duplicate", "moved", "poisoned", "rejected", "expired", "dropped",
@@ -70,6 +82,7 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
 
     @asset(**_spec(declaration, queue, table, upstream, description, spark=True, extra=senders))
     def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
+        before = ledger_versions(declaration, queue)
         report = run_cycle(spark.spark_session, declaration, queue, table, run_id=context.run.run_id,
                            on_wait=lambda holder: context.log.warning(
                                f"{queue}: waiting for the queue's lease, held by {holder.describe()}"))
@@ -81,49 +94,21 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
             context.log.warning(f"{queue}: the clean-up hook of ended conversation {unfinished.conversation_id!r} "
                                 f"has not succeeded ({unfinished.failures} failed tries; retried every cycle): "
                                 f"{unfinished.last_error}")
-        return MaterializeResult(metadata=cycle_metadata(report))
+        for materialization in changed_ledgers(declaration, queue, before):
+            context.log_event(materialization)
+        metadata = cycle_metadata(report)
+        if table == POISON:
+            metadata.update(failure_group_metadata(failure_groups(declaration, queue, POISON)))
+        return MaterializeResult(metadata=metadata)
 
     return cycle
-
-
-def _markdown_cell(text: str) -> str:
-    # <n>, <id>, <str> in normalised messages are text, not HTML tags.
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|").replace("\n", " ")
-
-
-def failure_group_metadata(groups: list[FailureGroup], shown: int = 10) -> dict[str, Any]:
-    """The failure groups of a table (the `groups` command's result): how many, the largest, and
-    the biggest `shown` as a Markdown table."""
-    lines = ["| group | count | last failure | error | top frame |", "| --- | --- | --- | --- | --- |"]
-    for group in groups[:shown]:
-        error = f"{group.error_type}: {group.error_message}" if group.signature is not None \
-            else f"no error: {', '.join(group.reasons)}"
-        last = group.last_failure_at.isoformat() if group.last_failure_at else ""
-        cells = [group.id, str(group.count), last, error, group.top_frame or ""]
-        lines.append("| " + " | ".join(_markdown_cell(c) for c in cells) + " |")
-    return {
-        "failure_groups": MetadataValue.int(len(groups)),
-        "largest_failure_group": MetadataValue.int(groups[0].count if groups else 0),
-        "failure_groups_top": MetadataValue.md("\n".join(lines) if groups else "no failures"),
-    }
 
 
 def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
     @asset(**_spec(declaration, queue, table, upstream, _DESCRIPTIONS[table]))
     def ledger(context: AssetExecutionContext) -> MaterializeResult:
-        tables = QueueTables.of(declaration, queue)
-        tables.ensure()
-        now = datetime.now(UTC)
-        stats = tables.stats(table, now)
-        age = (now - stats.oldest).total_seconds() if stats.oldest else 0.0
-        metadata = {
-            "rows": MetadataValue.int(stats.rows),
-            "oldest_age_s": MetadataValue.float(round(age, 3)),
-            "delta_version": MetadataValue.int(stats.version),
-        }
-        if table in FAILURE_TABLES:
-            metadata.update(failure_group_metadata(failure_groups(declaration, queue, table)))
-        return MaterializeResult(metadata=metadata)
+        QueueTables.of(declaration, queue).ensure()
+        return MaterializeResult(metadata=table_metadata(declaration, queue, table))
 
     return ledger
 
@@ -131,7 +116,11 @@ def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: li
 def _transmission_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
     @asset(**_spec(declaration, queue, table, upstream, _DESCRIPTIONS[TRANSMISSION]))
     def transmission(context: AssetExecutionContext) -> MaterializeResult:
+        before = ledger_versions(declaration, queue)
         result = transmit(declaration, queue, run_id=context.run.run_id)
+        # Contract breaches dead-letter what waited here.
+        for materialization in changed_ledgers(declaration, queue, before):
+            context.log_event(materialization)
         for failure in result.failures:
             context.log.warning(f"{queue}: conversation {failure.conversation_id} to {failure.target} failed with "
                                 f"{failure.code} ({failure.description}): {failure.action}")

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dagster import Definitions, in_process_executor
 
-from poison_pipeline.defs.alerts import queue_disabled_job, queue_disabled_sensor
+from poison_pipeline.defs.alerts import (
+    messages_failed_job,
+    messages_failed_sensor,
+    queue_disabled_job,
+    queue_disabled_sensor,
+)
 from poison_pipeline.defs.assets import queue_assets
 from poison_pipeline.defs.checks import check_keys, queue_checks
 from poison_pipeline.defs.jobs import cycle_job
@@ -30,6 +35,8 @@ def build_definitions(declaration: Declaration) -> Definitions:
         sensors.append(transmission_sensor(declaration, queue))
         jobs.append(queue_disabled_job(declaration, queue))
         sensors.append(queue_disabled_sensor(declaration, queue))
+        jobs.append(messages_failed_job(declaration, queue))
+        sensors.append(messages_failed_sensor(declaration, queue))
         # The operator's console: redrive by failure day, actions with typed config, retention.
         assets.append(redrive_asset(declaration, queue))
         jobs += [redrive_job(queue), *operator_jobs(declaration, queue)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dagster import AssetKey
 
+from poison_pipeline.storage.control import QUEUE_DISABLED
+
 QUEUE_TAG = "poison_pipeline/queue"
 # Alert runs name their queue under a tag of their own: dagster.yaml limits runs per value of
 # QUEUE_TAG, and an alert must neither wait behind that queue's cycles nor hold one back.
@@ -23,12 +25,13 @@ def sensor_name(queue: str, table: str) -> str:
     return f"{queue}__{table}_sensor"
 
 
-def alert_job_name(queue: str) -> str:
-    return f"{queue}__queue_disabled_alert"
+def alert_job_name(queue: str, kind: str = QUEUE_DISABLED) -> str:
+    """`<queue>__queue_disabled_alert`, `<queue>__messages_failed_alert`: one alert job per event kind."""
+    return f"{queue}__{kind}_alert"
 
 
-def alert_sensor_name(queue: str) -> str:
-    return f"{queue}__queue_disabled_sensor"
+def alert_sensor_name(queue: str, kind: str = QUEUE_DISABLED) -> str:
+    return f"{queue}__{kind}_sensor"
 
 
 REDRIVE = "redrive"

@@ -45,6 +45,25 @@ def signature_of(kind: str, normalised: str, top_frame: str) -> str:
     return hashlib.sha1(f"{kind}|{normalised}|{top_frame}".encode()).hexdigest()[:16]
 
 
+# Failure groups (the `groups` command, and the cycles that count what they failed per group).
+GROUP_ID_LENGTH = 8
+NO_ERROR = "no-error:"
+NO_VALUE = "(none)"
+_HEX_SIGNATURE = re.compile(r"[0-9a-f]{16}")
+
+
+def group_key(signature: str | None, reason: str | None) -> str:
+    """What a failed row is grouped by: its error signature, or `no-error:<reason>` without an error."""
+    return signature if signature is not None else NO_ERROR + (reason or NO_VALUE)
+
+
+def group_id(key: str) -> str:
+    """The 8-character id of a group key: a signature's first 8 hex digits, else sha1 of the key's."""
+    if _HEX_SIGNATURE.fullmatch(key):
+        return key[:GROUP_ID_LENGTH]
+    return hashlib.sha1(key.encode()).hexdigest()[:GROUP_ID_LENGTH]
+
+
 # Whose code a frame is. The signature's top frame is the innermost frame of the handler's own code,
 # not the library the handler called (json, a DB driver), which says where the error surfaced, not
 # which bug it is, nor the pipeline's engine that called the handler (a timeout is raised there).

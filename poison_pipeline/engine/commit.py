@@ -14,9 +14,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from poison_pipeline.broker.conversations import end_conversation
+from poison_pipeline.domain.alerts import MESSAGES_FAILED, FailureCount, failures_to_json, summarise_failures
 from poison_pipeline.domain.conversation_errors import MAX_DESCRIPTION
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE, STAY, Disposition
+from poison_pipeline.domain.errors import NO_VALUE, group_id, group_key
+from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, POISON, PROCESSED, QUARANTINE, STAY, Disposition
 from poison_pipeline.engine.changes import decode_sent
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_commit
@@ -78,9 +80,13 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
         commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
     disables = _disable_events(staged, entry, now) if dispositions & {Disposition.FAULTED.value,
                                                                      Disposition.OUTAGE.value} else []
+    failed = _failed_event(staged, entry, now) if destinations & set(FAILURE_TABLES) else []
+    # One commit under the cycle's app transaction: a replay writes neither event again.
     if disables:
-        events, state = state_commit(tables, disables, enabled=False)
+        events, state = state_commit(tables, [*disables, *failed], enabled=False)
         tables.append(EVENTS, events, app_id=app_id, version=entry.seq, also=[state])
+    elif failed:
+        tables.append(EVENTS, pa.Table.from_pylist(failed, schema=schemas.EVENTS), app_id=app_id, version=entry.seq)
     tables.remove_batches(entry.table, entry.batches)
     counts: dict[str, float] = dict(Counter(summary["disposition"].to_pylist()))
     counts["messages"] = summary.num_rows
@@ -150,6 +156,38 @@ def _disable_events(staged: pads.Dataset, entry: JournalEntry, now: datetime) ->
                   f"returned {returned.num_rows} message(s) uncharged. Failed: {_sample(ids)}")
         rows.append(event_row(QUEUE_DISABLED, now, "poison_pipeline", reason, ids[0] if ids else None, entry.table))
     return rows
+
+
+def failure_counts(staged: pads.Dataset) -> tuple[FailureCount, ...]:
+    """What a cycle sent to poison, dead_letter and quarantine, per table and failure group (the
+    group ids `groups` gives those rows there), biggest first within each table."""
+    rows = staged.to_table(columns=["destination", "last_error_signature", "last_error_type", "reason", "message_id"],
+                           filter=pc.field("destination").isin(list(FAILURE_TABLES)))
+    counted = rows.group_by(["destination", "last_error_signature", "last_error_type", "reason"],
+                            use_threads=False).aggregate([([], "count_all"), ("message_id", "min")])
+    found: dict[tuple[str, str], FailureCount] = {}
+    for row in counted.to_pylist():
+        table, signature = row["destination"], row["last_error_signature"]
+        # The poison table keeps no reason: its rows without an error are one group there.
+        reason = None if table == POISON else row["reason"]
+        key = (table, group_id(group_key(signature, reason)))
+        error = row["last_error_type"] if signature is not None else f"no error: {reason or NO_VALUE}"
+        before = found.get(key)
+        count = row["count_all"] + (before.count if before else 0)
+        examples = [i for i in (row["message_id_min"], before.example_id if before else None) if i is not None]
+        example = min(examples) if examples else None
+        found[key] = FailureCount(table, key[1], count, error, example)
+    return tuple(sorted(found.values(), key=lambda f: (FAILURE_TABLES.index(f.table), -f.count, f.group)))
+
+
+def _failed_event(staged: pads.Dataset, entry: JournalEntry, now: datetime) -> list[dict[str, object]]:
+    """One messages_failed event per cycle that failed messages: an alert per cycle, not per message."""
+    failures = failure_counts(staged)
+    if not failures:
+        return []
+    return [event_row(MESSAGES_FAILED, now, "poison_pipeline", summarise_failures(entry.table, entry.seq, failures),
+                      failures[0].example_id, entry.table, run_id=entry.run_id, cycle_seq=entry.seq,
+                      failures=failures_to_json(failures))]
 
 
 def _sample(ids: list[str]) -> str:

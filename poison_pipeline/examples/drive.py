@@ -8,16 +8,20 @@ from typing import Any
 
 from dagster import DagsterInstance, Definitions, SensorResult, build_sensor_context
 
+from poison_pipeline.defs.naming import ALERT_TAG
+
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 SILENT = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-# Alert runs fail on purpose (that is how a disabled queue is raised); the demo prints them.
-_ALERT_SUFFIX = "__queue_disabled_alert"
 
 
 def _print_materializations(outcome: Any) -> None:
     for event in outcome.get_asset_materialization_events():
         materialization = event.step_materialization_data.materialization
         meta = {k: v.value for k, v in materialization.metadata.items()}
+        if "failed_messages" in meta and "messages" not in meta:  # a ledger the cycle wrote to
+            print(f"  {materialization.asset_key.to_user_string():<26} rows={meta['rows']:>6} "
+                  f"failure groups={meta['failure_groups']}")
+            continue
         if "delivered" in meta:
             print(f"  {materialization.asset_key.to_user_string():<26} delivered={meta['delivered']:>5} "
                   f"waiting={meta['waiting']:>5} resent conversations={meta['resent_conversations']}")
@@ -65,15 +69,16 @@ class Driver:
 
     def _run(self, job_name: str, request: Any) -> None:
         job = self.defs.resolve_job_def(job_name)
-        alert = job_name.endswith(_ALERT_SUFFIX)
-        # An alert run fails by design: its failure is printed below, not as an error log.
+        alert = ALERT_TAG in (request.tags or {})
+        # A queue_disabled alert run fails by design: its failure is printed below, not as an error log.
         config = {**(SILENT if alert else QUIET), **(request.run_config or {})}
         outcome = job.execute_in_process(instance=self.instance, tags=request.tags, run_config=config,
                                          raise_on_error=not alert)
         if alert:
             failures = outcome.get_step_failure_events()
             error = failures[0].step_failure_data.error if failures else None
-            message = error.message.strip() if error else "alert"
+            outputs = [e.step_output_data.metadata for e in outcome.all_events if e.is_successful_output]
+            message = error.message.strip() if error else outputs[0]["event"].value if outputs else "alert"
             print(f"  ALERT run {job_name}: {message}")
             return
         assert outcome.success, f"{job_name} failed"

@@ -18,7 +18,6 @@ error columns of one example row per group.
 from __future__ import annotations
 
 import functools
-import hashlib
 import operator
 import re
 from collections import Counter
@@ -34,18 +33,17 @@ from rich.table import Table
 from rich.text import Text
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.errors import frame_name, normalise, signature_of
+from poison_pipeline.domain.errors import GROUP_ID_LENGTH as ID_LENGTH
+from poison_pipeline.domain.errors import NO_ERROR, NO_VALUE, frame_name, normalise, signature_of
+from poison_pipeline.domain.errors import group_id as group_id
+from poison_pipeline.domain.errors import group_key as group_key
 from poison_pipeline.domain.routing import FAILED_AT, FAILURE_TABLES, POISON
 from poison_pipeline.storage.tables import QueueTables
 
 # The tables whose rows are failures, and the column that says when each row failed (arrived there).
 EXAMPLES = 3
-ID_LENGTH = 8
-NO_ERROR = "no-error:"
-NO_VALUE = "(none)"
 SIGNATURE = "last_error_signature"
 
-_HEX_SIGNATURE = re.compile(r"[0-9a-f]{16}")
 _GROUP_ID = re.compile(r"[0-9a-f]{8}")
 _STACK_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line \d+, in (?P<function>.+)$', re.MULTILINE)
 
@@ -80,18 +78,6 @@ class FailureGroup:
     example_ids: tuple[str, ...]
     # The first example's message as raised, before normalisation.
     example_error_message: str | None = None
-
-
-def group_id(key: str) -> str:
-    """The 8-character id of a group key: a signature's first 8 hex digits, else sha1 of the key's."""
-    if _HEX_SIGNATURE.fullmatch(key):
-        return key[:ID_LENGTH]
-    return hashlib.sha1(key.encode()).hexdigest()[:ID_LENGTH]
-
-
-def group_key(signature: str | None, reason: str | None) -> str:
-    """What a row is grouped by: its error signature, or `no-error:<reason>` without an error."""
-    return signature if signature is not None else NO_ERROR + (reason or NO_VALUE)
 
 
 def top_frame_of(error_type: str | None, message: str | None, stack: str | None, signature: str | None) -> str | None:

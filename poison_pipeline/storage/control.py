@@ -28,7 +28,8 @@ class QueueState:
 
 
 def event_row(kind: str, at: datetime, actor: str, reason: str, message_id: str | None = None,
-              table: str | None = None) -> dict[str, object]:
+              table: str | None = None, **cycle: object) -> dict[str, object]:
+    """A row of the events table; `cycle` are the messages_failed columns (run_id, cycle_seq, failures)."""
     return {
         "event_id": f"evt-{uuid.uuid4().hex}",
         "kind": kind,
@@ -37,6 +38,7 @@ def event_row(kind: str, at: datetime, actor: str, reason: str, message_id: str 
         "reason": reason,
         "message_id": message_id,
         "table": table,
+        **cycle,
     }
 
 
@@ -101,7 +103,8 @@ def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str, run
             data, transaction = state_commit(tables, [event_row(kind, datetime.now(UTC), actor, reason)], enabled)
             try:
                 tables.check_lease()
-                write_deltalake(tables.open(EVENTS), data, mode="append",
+                # An events table made before the messages_failed columns gains them.
+                write_deltalake(tables.open(EVENTS), data, mode="append", schema_mode="merge",
                                 commit_properties=CommitProperties(app_transactions=[transaction]))
             except CommitFailedError:
                 continue  # another toggle committed from the same state: decide again on the newer one

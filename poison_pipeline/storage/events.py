@@ -9,7 +9,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from poison_pipeline.domain.alerts import QueueEvent
+from poison_pipeline.domain.alerts import QueueEvent, failures_from_json
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 
 
@@ -58,5 +58,7 @@ def events_after(tables: QueueTables, after: int | None, kind: str) -> NewEvents
         events.setdefault(row["event_id"], QueueEvent(
             queue=tables.queue, event_id=row["event_id"], kind=row["kind"], at=row["at"],
             actor=row["actor"], reason=row["reason"], message_id=row["message_id"], table=row["table"],
+            # Absent from an events table made before the messages_failed columns.
+            run_id=row.get("run_id"), cycle_seq=row.get("cycle_seq"), failures=failures_from_json(row.get("failures")),
         ))
     return NewEvents(current, list(events.values()), incremental)

@@ -105,6 +105,10 @@ EVENTS = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("message_id", pa.string()),
         pa.field("table", pa.string()),
+        # messages_failed events: the cycle's run id and seq, and its failures per table and group (JSON).
+        pa.field("run_id", pa.string()),
+        pa.field("cycle_seq", pa.int64()),
+        pa.field("failures", pa.string()),
     ]
 )
 
