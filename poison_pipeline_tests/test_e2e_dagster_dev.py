@@ -20,12 +20,18 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException, WebDriverException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from poison_pipeline.defs.naming import alert_job_name, alert_sensor_name, job_name, sensor_name
 from poison_pipeline.domain.alerts import MESSAGES_FAILED
@@ -167,20 +173,29 @@ class DagsterDev:
                 continue
 
 
+@contextmanager
+def serving(tmp_path: Path, config: Path) -> Iterator[DagsterDev]:
+    """`dagster dev` on the declaration file `config` ($POISON_PIPELINE_CONFIG), answering and with
+    its code location loaded; stopped whatever happens, its log left in tmp_path."""
+    server = DagsterDev(_workspace(tmp_path), _dagster_home(tmp_path), config, tmp_path / "dagster_dev.log")
+    try:
+        server.wait_until("the webserver", server.answers, STARTUP_TIMEOUT_S)
+        server.wait_until("the code location to load", lambda: _location_pending(server), STARTUP_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def dagster_dev(tmp_path: Path) -> Iterator[tuple[DagsterDev, Declaration]]:
-    """Messages enqueued first, then `dagster dev` on the declaration ($POISON_PIPELINE_CONFIG);
-    stopped whatever happens, its log left in tmp_path."""
+    """Messages enqueued first, then `dagster dev` on their declaration."""
     config = _declaration_file(tmp_path)
     declaration = load_declaration(config)
     records = [{"message_id": mid, "message_type": "order", "body": body} for mid, (body, _) in MESSAGES.items()]
     result = enqueue(declaration, QUEUE, records)
     assert result.accepted == len(MESSAGES) and not result.refused, result.refused
-    server = DagsterDev(_workspace(tmp_path), _dagster_home(tmp_path), config, tmp_path / "dagster_dev.log")
-    try:
+    with serving(tmp_path, config) as server:
         yield server, declaration
-    finally:
-        server.stop()
 
 
 def _location_pending(server: DagsterDev) -> str | None:
@@ -285,48 +300,95 @@ def _cycles_pending(server: DagsterDev, declaration: Declaration) -> str | None:
     return None
 
 
-def _assert_ui_renders_the_graph(server: DagsterDev, screenshot: Path) -> None:
-    assert CHROMIUM.exists() and CHROMEDRIVER.exists(), (
-        f"{CHROMIUM} and {CHROMEDRIVER} are required: run `make browser` (Debian: chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+class Browser:
+    """Headless Debian Chromium on a `dagster dev`: waits on what the page shows, never on time, and
+    fails with a screenshot, the page's text and the server's log."""
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1600,2400"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
-        driver.set_page_load_timeout(60)
-        driver.get(f"{server.url}/locations/{LOCATION}/asset-groups/{QUEUE}/lineage")
+    def __init__(self, server: DagsterDev, folder: Path, width: int = 1600, height: int = 2400,
+                 scale: float = 1.0) -> None:
+        """A window of width x height CSS pixels; screenshots `scale` times that (small ones for docs)."""
+        assert CHROMIUM.exists() and CHROMEDRIVER.exists(), (
+            f"{CHROMIUM} and {CHROMEDRIVER} are required: run `make browser` (Debian: chromium chromium-driver)")
+        self.server = server
+        self.folder = folder
+        options = webdriver.ChromeOptions()
+        options.binary_location = str(CHROMIUM)
+        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     f"--window-size={width},{height}", f"--force-device-scale-factor={scale}"):
+            options.add_argument(flag)
+        self.driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+        self.driver.set_page_load_timeout(60)
 
-        def missing_nodes(d: webdriver.Chrome) -> list[str]:
-            """The tables that no element of the rendered graph is labelled with."""
-            return [t for t in TABLES if not d.find_elements(By.XPATH, f"//*[normalize-space(text())='{t}']")]
+    def __enter__(self) -> Browser:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        try:
+            if kind is not None:
+                self.shot("failure")
+        finally:
+            self.driver.quit()
+
+    def open(self, path: str) -> None:
+        self.driver.get(f"{self.server.url}{path}")
+
+    def text(self) -> str:
+        return str(self.driver.execute_script("return document.body ? document.body.innerText : ''"))
+
+    def shot(self, name: str) -> Path:
+        path = self.folder / f"{name}.png"
+        self.driver.save_screenshot(str(path))
+        return path
+
+    def fail(self, what: str, step: str) -> None:
+        screenshot = self.shot(f"failure-{step}")
+        pytest.fail(f"{what}; page text: {self.text()[:2000]!r}; screenshot: {screenshot}{self.server.tail()}")
+
+    def wait(self, what: str, step: str, found: Callable[[], Any], timeout_s: float = 60) -> Any:
+        """Wait until `found()` is truthy (and return it): `what` names it in the failure."""
+        def attempt(_: object) -> Any:
+            try:
+                return found()
+            except WebDriverException:  # an element re-rendered under us: look again
+                return None
 
         try:
-            WebDriverWait(driver, 60, poll_frequency=1).until(lambda d: not missing_nodes(d))
+            return WebDriverWait(self.driver, timeout_s, poll_frequency=0.5).until(attempt)
         except TimeoutException:
-            driver.save_screenshot(str(screenshot))
-            text = driver.execute_script("return document.body ? document.body.innerText : ''")
-            pytest.fail(f"the asset graph of {QUEUE!r} does not show {missing_nodes(driver)}; page text: "
-                        f"{text[:2000]!r}; screenshot: {screenshot}{server.tail()}")
-        # The first visit shows a newsletter dialog over the graph: close it, for the screenshot.
-        for button in driver.find_elements(By.XPATH, "//button[normalize-space(.)='Skip']"):
-            button.click()
-        driver.save_screenshot(str(screenshot))
-    finally:
-        driver.quit()
+            self.fail(f"timed out after {timeout_s}s waiting for {what}", step)
+
+    def element(self, xpath: str, step: str, timeout_s: float = 60) -> Any:
+        """The first displayed element at `xpath`, once there is one."""
+        return self.wait(f"an element at {xpath}", step, lambda: next(
+            (e for e in self.driver.find_elements(By.XPATH, xpath) if e.is_displayed() and e.is_enabled()), None),
+            timeout_s)
+
+    def click(self, xpath: str, step: str, timeout_s: float = 60) -> None:
+        self.element(xpath, step, timeout_s).click()
+
+    def dismiss_first_visit_dialogs(self, step: str) -> None:
+        """Dagster greets a first visit on localhost with a newsletter dialog over the page: skip it
+        when the server says it will show (a second visit does not)."""
+        if self.server.graphql("{ shouldShowNux }")["shouldShowNux"]:
+            self.click("//button[normalize-space(.)='Skip']", step)
+
+
+def _assert_ui_renders_the_graph(server: DagsterDev, screenshot: Path) -> None:
+    with Browser(server, screenshot.parent) as browser:
+        browser.open(f"/locations/{LOCATION}/asset-groups/{QUEUE}/lineage")
+
+        def missing_nodes() -> list[str]:
+            """The tables that no element of the rendered graph is labelled with."""
+            return [t for t in TABLES
+                    if not browser.driver.find_elements(By.XPATH, f"//*[normalize-space(text())='{t}']")]
+
+        browser.wait(f"the asset graph of {QUEUE!r} to show every table", "graph", lambda: not missing_nodes())
+        browser.dismiss_first_visit_dialogs("graph")
+        browser.shot(screenshot.stem)
 
 
 def test_dagster_dev_shows_lineage_and_sensors_drive_retry_cycles(dagster_dev, tmp_path: Path):
     server, declaration = dagster_dev
-    server.wait_until("the webserver", server.answers, STARTUP_TIMEOUT_S)
-    server.wait_until("the code location to load", lambda: _location_pending(server), STARTUP_TIMEOUT_S)
 
     _assert_lineage(server)
     _assert_sensors_running(server)
