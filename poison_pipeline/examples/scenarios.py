@@ -194,7 +194,9 @@ def _by_conversation(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
     return {c: [m for _, m in sorted(v)] for c, v in grouped.items()}
 
 
-def resend(declaration: Declaration, driver: Driver, received: Counter[str], lifetime_s: float = 4.0) -> Checks:
+def resend(declaration: Declaration, driver: Driver, received: Counter[str], lifetime_s: float = 15.0) -> Checks:
+    # The resent conversations get the same lifetime, and it must outlast the Dagster runs between a
+    # resend and the next offer (6-8 s on 2 cores, checks included): 4 s expired again every time.
     print("\n== Sending, a lifetime-expired conversation, and a resend ==")
     checks = Checks()
     shipping = QueueTables.of(declaration, "shipping")
