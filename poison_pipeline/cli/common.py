@@ -8,10 +8,11 @@ import base64
 import json
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TypeAlias
 
 from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, load_declaration
+from poison_pipeline.domain.durations import parse_time
 from poison_pipeline.operations.actions import default_actor
 
 PROG = "poison-pipeline"
@@ -87,7 +88,6 @@ def print_json(data: object) -> None:
 def moment(text: str) -> datetime:
     """An ISO 8601 time argument; UTC when it names no zone."""
     try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-22T10:00Z)") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+        return parse_time(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

@@ -27,9 +27,9 @@ from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.broker.conversations import check_end_request
 from poison_pipeline.defs.naming import QUEUE_TAG, operator_job_name, operator_op_name
-from poison_pipeline.defs.run_config import SelectionConfig, actor_of, moment, root_run_id
+from poison_pipeline.defs.run_config import SelectionConfig, actor_of, root_run_id
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.domain.durations import parse_duration, parse_time
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.actions import find_action
 from poison_pipeline.operations.edit import edit
@@ -114,7 +114,7 @@ class PurgeConfig(SelectionConfig):
     @classmethod
     def _moment(cls, value: str | None) -> str | None:
         if value is not None:
-            moment(value)
+            parse_time(value)
         return value
 
     @field_validator("older_than")
@@ -179,7 +179,8 @@ def _edit(declaration: Declaration, queue: str) -> Callable[..., Output]:
 
 def _purge(declaration: Declaration, queue: str) -> Callable[..., Output]:
     def run(context: OpExecutionContext, config: PurgeConfig) -> Output:
-        selection = config.selection(*(moment(t) if t else None for t in (config.failed_after, config.failed_before)))
+        window = (config.failed_after, config.failed_before)
+        selection = config.selection(*(parse_time(t) if t else None for t in window))
         # Derived from the run: re-executing a failed purge run completes that purge.
         result = purge(declaration, queue, config.table, config.older_than, selection, dry_run=not config.confirm,
                        purge_id=f"purge-{root_run_id(context)}", actor=actor_of(context, config.actor),

@@ -3,7 +3,7 @@ run a re-execution continues."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from dagster import Config, OpExecutionContext
 from pydantic import Field, field_validator
@@ -58,11 +58,3 @@ def root_run_id(context: OpExecutionContext) -> str:
     re-executing a failed run completes its action instead of starting another."""
     return context.run.root_run_id or context.run.run_id
 
-
-def moment(text: str) -> datetime:
-    """An ISO 8601 time from run config; UTC when it names no zone."""
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-22T10:00Z)") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -1,9 +1,10 @@
-"""Durations as users write them in a declaration: `30m`, `2s`, `500ms`, `1h`, `PT30M` or seconds."""
+"""Durations as users write them in a declaration (`30m`, `2s`, `500ms`, `1h`, `PT30M` or seconds), and
+the times they give operators' commands (ISO 8601, UTC unless they name a zone)."""
 
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -30,3 +31,12 @@ def parse_duration(value: object) -> timedelta:
         f"{value!r} is not a duration: write seconds (90), a number with a unit "
         "(500ms, 30s, 30m, 1h, 2d) or ISO 8601 (PT30M)"
     )
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time; UTC when it names no zone. Raises ValueError with an example."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-22T10:00Z)") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

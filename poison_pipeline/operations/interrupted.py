@@ -75,7 +75,7 @@ def _complete(declaration: Declaration, tables: QueueTables, action: Action, run
         edit(declaration, args["message_id"], row["new_body"], queue=tables.queue, source=args["from"],
              edit_id=action.action_id, actor=action.actor, run_id=run_id)
     elif action.kind == "purge":
-        purging.complete_interrupted(declaration, tables)
+        purging.finish_interrupted(declaration, tables, action)
     elif action.kind == "undo":
         undone = find_recorded(declaration, args["action_id"])
         if undone is None or {key.split("/", 1)[0] for key in undone.versions} != {tables.queue}:

@@ -212,11 +212,6 @@ def _remove(tables: QueueTables, table: str, rows: pa.Table) -> None:
         tables.replace_batches(table, batches, keep=~within)
 
 
-def complete_interrupted(declaration: Declaration, tables: QueueTables) -> list[str]:
-    """Complete every purge of this queue left `planned` (killed); call holding the queue's lease."""
-    return _complete_interrupted(declaration, tables, skip=None)
-
-
 def _complete_interrupted(declaration: Declaration, tables: QueueTables, skip: str | None) -> list[str]:
     """Complete every purge of this queue left `planned` (killed), but `skip` (the caller resumes it)."""
     if not tables.exists(ACTIONS):
@@ -226,7 +221,7 @@ def _complete_interrupted(declaration: Declaration, tables: QueueTables, skip: s
     done = []
     for action_id in sorted(planned["action_id"].to_pylist()):
         if action_id != skip and (action := find_action(tables, action_id)) is not None:
-            _finish_interrupted(declaration, tables, action)
+            finish_interrupted(declaration, tables, action)
             done.append(action_id)
     _sweep_plans(tables, keep=set(planned["action_id"].to_pylist()) - set(done))
     return done
@@ -242,7 +237,8 @@ def _sweep_plans(tables: QueueTables, keep: set[str]) -> None:
             remove_tree(tables.work_uri(KIND, entry.base_name))
 
 
-def _finish_interrupted(declaration: Declaration, tables: QueueTables, action: Action) -> pa.Table:
+def finish_interrupted(declaration: Declaration, tables: QueueTables, action: Action) -> pa.Table:
+    """Complete purge `action`, left `planned` by a kill; call holding the queue's lease."""
     uri = _plan_uri(tables, action.action_id)
     rows = _read_plan(uri)
     if rows is None:  # killed before its plan was written: it deleted nothing; plan it as recorded
@@ -275,7 +271,7 @@ def _resume(declaration: Declaration, tables: QueueTables, action: Action) -> Pu
         result = PurgeResult(action.action_id, args["queue"], args["table"], False, age.total_seconds(), cutoff,
                              already_done=True, actor=action.actor, action_id=action.action_id)
         return result
-    rows = _finish_interrupted(declaration, tables, action)
+    rows = finish_interrupted(declaration, tables, action)
     result = _summary(rows, action.action_id, args["queue"], args["table"], False, age, cutoff, action.actor)
     result.action_id = action.action_id
     return result
