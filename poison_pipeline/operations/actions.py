@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -76,6 +77,15 @@ def find_action(tables: QueueTables, action_id: str) -> Action | None:
     rows = tables.open(ACTIONS).to_pyarrow_dataset().to_table(
         filter=pads.field("action_id") == action_id).to_pylist()
     return _from_row(rows[0]) if rows else None
+
+
+def planned_actions(tables: QueueTables, kinds: Sequence[str]) -> list[Action]:
+    """The actions of these kinds still `planned` (begun, then killed), oldest first."""
+    if not tables.exists(ACTIONS):
+        return []
+    rows = tables.open(ACTIONS).to_pyarrow_dataset().to_table(
+        filter=(pads.field("state") == PLANNED) & pads.field("kind").isin(list(kinds))).to_pylist()
+    return sorted((_from_row(row) for row in rows), key=lambda action: action.at)
 
 
 def begin_action(tables: QueueTables, kind: str, actor: str, arguments: dict[str, Any],

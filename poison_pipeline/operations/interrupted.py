@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pyarrow.dataset as pads
-
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations import purge as purging
-from poison_pipeline.operations.actions import PLANNED, Action, find_action
+from poison_pipeline.operations.actions import PLANNED, Action, find_action, planned_actions
 from poison_pipeline.operations.edit import edit, edit_row
 from poison_pipeline.operations.redrive import planned_rows, redrive
 from poison_pipeline.operations.undo import find_recorded, undo
-from poison_pipeline.storage.tables import ACTIONS, QueueTables
+from poison_pipeline.storage.tables import QueueTables
 
 # Redrives before edits (an edit completes through its own redrive) and undos last.
 _ORDER = ("redrive", "edit", "purge", "undo")
@@ -34,19 +32,10 @@ class Completed:
     left: dict[str, str] = field(default_factory=dict)
 
 
-def _planned(tables: QueueTables) -> list[Action]:
-    if not tables.exists(ACTIONS):
-        return []
-    ids = tables.open(ACTIONS).to_pyarrow_dataset().to_table(
-        columns=["action_id"], filter=(pads.field("state") == PLANNED) & pads.field("kind").isin(list(_ORDER)))
-    found = [find_action(tables, action_id) for action_id in ids["action_id"].to_pylist()]
-    return sorted((a for a in found if a is not None), key=lambda a: (_ORDER.index(a.kind), a.at))
-
-
 def complete_interrupted(declaration: Declaration, tables: QueueTables, run_id: str) -> Completed:
     """Complete every interrupted redrive, edit, purge and undo of `tables.queue`; call holding its lease."""
     outcome = Completed()
-    for action in _planned(tables):
+    for action in sorted(planned_actions(tables, _ORDER), key=lambda a: _ORDER.index(a.kind)):
         why = _complete(declaration, tables, action, run_id)
         if why is None:
             outcome.completed.append(action.action_id)

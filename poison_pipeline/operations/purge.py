@@ -40,12 +40,12 @@ from poison_pipeline.domain.durations import parse_duration
 from poison_pipeline.domain.routing import FAILED_AT
 from poison_pipeline.operations.actions import (
     DONE,
-    PLANNED,
     Action,
     begin_action,
     default_actor,
     find_action,
     finish_action,
+    planned_actions,
 )
 from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.render import breakdown, when
@@ -216,14 +216,13 @@ def _complete_interrupted(declaration: Declaration, tables: QueueTables, skip: s
     """Complete every purge of this queue left `planned` (killed), but `skip` (the caller resumes it)."""
     if not tables.exists(ACTIONS):
         return []
-    planned = tables.open(ACTIONS).to_pyarrow_dataset().to_table(
-        columns=["action_id"], filter=(pads.field("kind") == KIND) & (pads.field("state") == PLANNED))
+    planned = sorted(planned_actions(tables, [KIND]), key=lambda action: action.action_id)
     done = []
-    for action_id in sorted(planned["action_id"].to_pylist()):
-        if action_id != skip and (action := find_action(tables, action_id)) is not None:
+    for action in planned:
+        if action.action_id != skip:
             finish_interrupted(declaration, tables, action)
-            done.append(action_id)
-    _sweep_plans(tables, keep=set(planned["action_id"].to_pylist()) - set(done))
+            done.append(action.action_id)
+    _sweep_plans(tables, keep={action.action_id for action in planned} - set(done))
     return done
 
 
