@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test ui bench lint java browser clean
+.PHONY: demo test ui bench bench-quick lint java browser clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=/path/to/python3.11)")'
@@ -30,8 +30,13 @@ test: java browser $(STAMP)
 ui: java $(STAMP)
 	DAGSTER_HOME=$(CURDIR) $(BIN)/dagster dev -w workspace.yaml
 
+# Every benchmark at full size (about an hour; run it on a quiet machine): one JSON line each on
+# stdout, also appended to benchmarks/results/. `bench-quick` runs them all at small sizes (CI).
 bench: java $(STAMP)
-	$(BIN)/python benchmarks/cycle_throughput.py
+	$(BIN)/python benchmarks/run_all.py
+
+bench-quick: java $(STAMP)
+	$(BIN)/python benchmarks/run_all.py --quick
 
 clean:
 	rm -rf $(VENV) lake demo_lake .dagster_home *.egg-info
