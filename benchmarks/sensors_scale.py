@@ -159,7 +159,7 @@ def run(workdir: str, messages: int, files: int, failed: int, events: int, round
     home = os.path.join(workdir, "dagster_home")
     os.makedirs(home, exist_ok=True)
     with DagsterInstance.local_temp(tempdir=home) as instance:
-        for number in range(rounds):
+        for _ in range(rounds):
             enqueue(declaration, QUEUE, _records(10))
             for sensor in sensors:
                 started = time.perf_counter()
