@@ -48,7 +48,7 @@ from poison_pipeline.storage.tables import PURGED, QueueTables  # noqa: E402
 QUEUE = "bench"
 
 
-def _declaration(workdir: str) -> Declaration:
+def bench_declaration(workdir: str) -> Declaration:
     return parse_declaration({"lake_root": f"{workdir}/lake", "queues": {QUEUE: {
         "handler": bench_handler.HANDLER, "policy": {"max_retry_cycles": 1, "receive_error_handling": "move"}}}})
 
@@ -59,6 +59,11 @@ def _fill(declaration: Declaration, messages: int, files: int, failed: int) -> N
         records = [{"message_id": f"m-{f}-{i}", "message_type": "order", "body": {"n": i, "pad": "x" * 150}}
                    for i in range(per_file)]
         assert enqueue(declaration, QUEUE, records).accepted == per_file
+    fill_failed(declaration, failed)
+
+
+def fill_failed(declaration: Declaration, failed: int) -> None:
+    """`failed` rows in each of retry_1, poison and dead_letter, ten batches each, with their intake rows."""
     tables = QueueTables.of(declaration, QUEUE)
     now = datetime.now(UTC)
     for table in ("retry_1", POISON, DEAD_LETTER):
@@ -100,7 +105,7 @@ def _log_read(tables: QueueTables) -> int:
 
 
 def run(workdir: str, messages: int, files: int, failed: int, rounds: int) -> dict[str, Any]:
-    declaration = _declaration(workdir)
+    declaration = bench_declaration(workdir)
     tables = QueueTables.of(declaration, QUEUE)
     fill_s = None
     if not tables.exists(INBOUND):  # a kept --workdir is measured again as it is

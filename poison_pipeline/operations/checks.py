@@ -15,12 +15,10 @@ from enum import StrEnum
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
-import pyarrow.fs as pafs
-from deltalake.fs import DeltaStorageHandler
 
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, QUARANTINE
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.storage.files import files_dataset
 from poison_pipeline.storage.intake import accepted_total, ensure_intake
 from poison_pipeline.storage.tables import QueueTables
 
@@ -52,9 +50,10 @@ class CheckOutcome:
 
 
 def check_conservation(tables: QueueTables) -> CheckOutcome:
-    if accepted_total(tables) is None:
+    accepted = accepted_total(tables)
+    if accepted is None:
         ensure_intake(tables)  # a lake older than the intake ledger: its opening balance starts it
-    accepted = accepted_total(tables) or 0
+        accepted = accepted_total(tables) or 0
     line = conservation(tables)
     terms: dict[str, int | float | str | list[str] | None] = {
         **{f"ledger_{kind}": n for kind, n in sorted(line.ledger.items())},
@@ -75,17 +74,16 @@ def check_conservation(tables: QueueTables) -> CheckOutcome:
 
 def message_ids(tables: QueueTables, table: str) -> pa.ChunkedArray:
     """The message ids of a table (repeats kept): one column of the files the log lists, read with
-    pyarrow. delta-rs's own dataset would first turn every file's statistics into a partition
-    expression, which costs more than reading the column (unpartitioned tables need none)."""
-    if not tables.exists(table):
+    pyarrow on its threads (storage/files.py)."""
+    try:
+        target = tables.open(table)
+    except FileNotFoundError:
         return pa.chunked_array([], pa.string())
-    actions = pa.table(tables.open(table).get_add_actions(flatten=False))
+    actions = pa.table(target.get_add_actions(flatten=False))
     if actions.num_rows == 0:
         return pa.chunked_array([], pa.string())
-    paths = actions["path"].to_pylist()
-    sizes = dict(zip(paths, actions["size_bytes"].to_pylist(), strict=True))
-    files = pafs.PyFileSystem(DeltaStorageHandler(tables.uri(table), tables.storage_options, sizes))
-    dataset = pads.dataset(paths, schema=_IDS, format="parquet", filesystem=files)
+    dataset = files_dataset(tables.uri(table), tables.storage_options, actions["path"].to_pylist(),
+                            actions["size_bytes"].to_pylist(), _IDS)
     return dataset.to_table(columns=["message_id"])["message_id"]
 
 

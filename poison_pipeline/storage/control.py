@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.files import rows_where_in
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 
 QUEUE_DISABLED = "queue_disabled"
@@ -69,17 +68,19 @@ def queue_state(tables: QueueTables) -> QueueState:
     events = tables.open(EVENTS)
     version = events.transaction_version(_state_app(tables))
     if version is None:
-        return _state_by_time(events)
-    found = events.to_pyarrow_dataset().to_table(
-        columns=["kind", "at", "actor", "reason"], filter=pads.field("event_id") == _state_event_id(version))
+        return _state_by_time(tables, events)
+    # Sensors ask on every evaluation: only the files whose statistics may hold the event are read.
+    found = rows_where_in(tables.uri(EVENTS), tables.storage_options, events, "event_id",
+                          [_state_event_id(version)], schemas.EVENTS)
     row = found.to_pylist()[0] if found.num_rows else {"reason": None, "at": None, "actor": None}
     return QueueState(version % 2 == 1, row["reason"], row["at"], row["actor"])
 
 
-def _state_by_time(events: DeltaTable) -> QueueState:
-    """A lake whose toggles were all written before states followed commit order: the newest event."""
-    rows = events.to_pyarrow_table(columns=["kind", "at", "actor", "reason"])
-    toggles = rows.filter(pc.is_in(rows["kind"], pa.array([QUEUE_DISABLED, QUEUE_ENABLED])))
+def _state_by_time(tables: QueueTables, events: DeltaTable) -> QueueState:
+    """A lake whose toggles were all written before states followed commit order (or a queue never
+    toggled, the usual case): the newest toggle event, read from the files that may hold one."""
+    toggles = rows_where_in(tables.uri(EVENTS), tables.storage_options, events, "kind",
+                            [QUEUE_DISABLED, QUEUE_ENABLED], schemas.EVENTS)
     if toggles.num_rows == 0:
         return QueueState(enabled=True)
     last = toggles.sort_by([("at", "descending")]).slice(0, 1).to_pylist()[0]

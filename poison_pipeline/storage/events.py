@@ -10,6 +10,8 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from poison_pipeline.domain.alerts import QueueEvent, failures_from_json
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.files import rows_where_in
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 
 
@@ -51,7 +53,9 @@ def events_after(tables: QueueTables, after: int | None, kind: str) -> NewEvents
     rows = _committed_after(table, after, current, kind) if after is not None and after < current else None
     incremental = rows is not None or after is None
     if rows is None:
-        snapshot = table.to_pyarrow_table(filters=[("kind", "=", kind)]).to_pylist()
+        # A first evaluation reads every event of its kind: only the files that may hold one are opened.
+        snapshot = rows_where_in(tables.uri(EVENTS), tables.storage_options, table, "kind", [kind],
+                                 schemas.EVENTS).to_pylist()
         rows = sorted(snapshot, key=lambda r: (r["at"], r["event_id"]))
     events: dict[str, QueueEvent] = {}
     for row in rows:

@@ -1,0 +1,82 @@
+"""Reading narrow columns of a table's files without delta-rs's dataset (storage/files.py): the same
+rows as delta-rs reads, local lakes given as paths or file URIs, and lookups that open only the
+files whose log statistics may hold what is looked up."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from poison_pipeline.domain.alerts import MESSAGES_FAILED
+from poison_pipeline.operations.checks import message_ids
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, queue_state, set_enabled
+from poison_pipeline.storage.files import files_dataset, rows_where_in
+from poison_pipeline.storage.tables import EVENTS, QueueTables
+from poison_pipeline_tests.support import queue, send
+
+
+def _failed_event(seq: int) -> pa.Table:
+    row = event_row(MESSAGES_FAILED, datetime.now(UTC), "poison_pipeline", f"inbound cycle {seq} poisoned 1",
+                    f"m-{seq}", "inbound", run_id="manual", cycle_seq=seq, failures="[]")
+    return pa.Table.from_pylist([row], schema=schemas.EVENTS)
+
+
+@pytest.mark.parametrize("as_uri", [False, True])
+def test_message_ids_of_many_appends_are_those_delta_reads(make_declaration, as_uri):
+    declaration = make_declaration(queue())
+    for part in range(3):
+        send(declaration, {f"m{part}-{i}": {} for i in range(4)})
+    tables = QueueTables.of(declaration, "q")
+    if as_uri:
+        tables = QueueTables(f"file://{tables.lake_root}", "q", {}, tables.waiting)
+    expected = tables.open("inbound").to_pyarrow_table(columns=["message_id"])["message_id"].to_pylist()
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == sorted(expected)
+    assert message_ids(tables, "retry_1").to_pylist() == []  # a table not created yet has none
+
+
+def test_columns_a_file_lacks_read_as_nulls(make_declaration):
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    tables = QueueTables.of(declaration, "q")
+    actions = pa.table(tables.open("inbound").get_add_actions(flatten=False))
+    wider = pa.schema([pa.field("message_id", pa.string()), pa.field("added_later", pa.string())])
+    rows = files_dataset(tables.uri("inbound"), {}, actions["path"].to_pylist(), actions["size_bytes"].to_pylist(),
+                         wider).to_table().to_pylist()
+    assert rows == [{"message_id": "a", "added_later": None}]
+
+
+def test_a_lookup_opens_only_the_files_whose_statistics_may_hold_it(make_declaration):
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    tables = QueueTables.of(declaration, "q")
+    for seq in range(3):
+        tables.append(EVENTS, _failed_event(seq))
+    assert set_enabled(tables, False, "ops", "database down")
+    events = tables.open(EVENTS)
+    # The failure events' files are gone from disk: a lookup that opened them would fail.
+    removed = 0
+    for uri in events.file_uris():
+        path = unquote(urlparse(uri).path) if uri.startswith("file:") else uri
+        if pq.read_table(path, columns=["kind"])["kind"].to_pylist() == [MESSAGES_FAILED]:
+            os.remove(path)
+            removed += 1
+    assert removed == 3
+    found = rows_where_in(tables.uri(EVENTS), {}, tables.open(EVENTS), "kind", [QUEUE_DISABLED], schemas.EVENTS)
+    assert found["reason"].to_pylist() == ["database down"]
+    state = queue_state(tables)
+    assert not state.enabled and state.reason == "database down" and state.actor == "ops"
+
+
+def test_a_queue_never_disabled_is_enabled_whatever_its_other_events(make_declaration):
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    tables = QueueTables.of(declaration, "q")
+    for seq in range(3):
+        tables.append(EVENTS, _failed_event(seq))
+    assert queue_state(tables).enabled
