@@ -91,7 +91,8 @@ class CycleSpec:
         return cycle_number(self.table, self.policy)
 
 
-def _timestamps(column: pa.Array) -> list[datetime | None]:
+def python_timestamps(column: pa.Array) -> list[datetime | None]:
+    """A UTC timestamp column as aware datetimes."""
     # Converting naive values and attaching UTC costs half of converting tz-aware ones.
     return [None if v is None else v.replace(tzinfo=UTC) for v in column.cast(_NAIVE).to_pylist()]
 
@@ -108,8 +109,8 @@ class _Rows:
 
     def __init__(self, batch: pa.RecordBatch, now: datetime) -> None:
         self.columns = {name: batch.column(name).to_pylist() for name in _PLAIN_COLUMNS}
-        self.enqueued = _timestamps(batch.column("enqueued_at"))
-        self.expires = _timestamps(batch.column("expires_at"))
+        self.enqueued = python_timestamps(batch.column("enqueued_at"))
+        self.expires = python_timestamps(batch.column("expires_at"))
         expired = pc.less_equal(batch.column("expires_at"), pa.scalar(now, schemas.TS))
         self.expired: list[bool] = pc.fill_null(expired, False).to_pylist()
 
