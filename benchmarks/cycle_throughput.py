@@ -224,7 +224,8 @@ def measured(action: Callable[[], Any]) -> tuple[float, float, Any]:
 def phase_clock(extra: Iterable[tuple[Any, str, str]] = ()) -> Iterator[dict[str, float]]:
     """Time the phases of run_cycle by wrapping what it calls; restores everything afterwards.
 
-    `extra` names more functions to time, as (owner, attribute name, label).
+    `extra` names more functions to time, as (owner, attribute name, label). Each label gets its wall
+    seconds and, under "<label> [CPU s]", the CPU seconds of the process tree (`tree_cpu_seconds`).
     """
     spent: dict[str, float] = defaultdict(float)
     patches: list[tuple[Any, str, Any]] = []
@@ -234,11 +235,13 @@ def phase_clock(extra: Iterable[tuple[Any, str, str]] = ()) -> Iterator[dict[str
 
         @functools.wraps(original)
         def clocked(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), tree_cpu_seconds()
             try:
                 return original(*args, **kwargs)
             finally:
-                spent[label(*args, **kwargs)] += time.perf_counter() - started
+                name = label(*args, **kwargs)
+                spent[name] += time.perf_counter() - started
+                spent[f"{name} [CPU s]"] += tree_cpu_seconds() - cpu
 
         patches.append((owner, name, original))
         setattr(owner, name, clocked)
@@ -258,6 +261,12 @@ def phase_clock(extra: Iterable[tuple[Any, str, str]] = ()) -> Iterator[dict[str
     finally:
         for owner, name, original in reversed(patches):
             setattr(owner, name, original)
+
+
+def accounted_seconds(spent: dict[str, float]) -> float:
+    """The wall seconds of a phase table, each counted once (commit's parts are inside its total)."""
+    return sum(v for k, v in spent.items()
+               if (not k.startswith("commit: ") or "total" in k) and not k.endswith("[CPU s]"))
 
 
 def python_per_row(declaration: Declaration, queue: str, now: datetime, rows: int) -> dict[str, float]:
@@ -294,7 +303,7 @@ def timed_cycle(spark: SparkSession, declaration: Declaration, queue: str, now: 
         raise RuntimeError(f"the cycle of {queue} did nothing: {report.skipped}")
     if spent is None:
         return (seconds, cpu), report, None
-    accounted = sum(v for k, v in spent.items() if not k.startswith("commit: ") or "total" in k)
+    accounted = accounted_seconds(spent)
     table = {k: round(v, 2) for k, v in sorted(spent.items())}
     table["other (journal, queue state, ...)"] = round(seconds - accounted, 2)
     return (seconds, cpu), report, table

@@ -391,7 +391,7 @@ def _mean_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     for entry in runs:
         spent = entry["phases"]
-        accounted = sum(v for k, v in spent.items() if not k.startswith("commit: ") or "total" in k)
+        accounted = ct.accounted_seconds(spent)
         for k, v in spent.items():
             totals[k] += v
         totals["other (journal, queue state, ...)"] += entry["seconds"] - accounted
