@@ -23,7 +23,6 @@ import random
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -152,43 +151,6 @@ def attempted_messages(declaration: Declaration, queue: str) -> int:
     return pc.count_distinct(rows["message_id"]).as_py()
 
 
-# --- CPU time ----------------------------------------------------------------------------------------
-
-
-def tree_cpu_seconds() -> float:
-    """CPU seconds used so far by this process and every process under it: the JVM (Spark and its
-    tasks), Spark's Python workers and, in this process, delta-rs. A process's reaped children count
-    through its cutime/cstime. Other work on the machine stretches wall time much more than this.
-    Linux only (/proc)."""
-    children: dict[int, list[int]] = defaultdict(list)
-    ticks: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as stat:
-                text = stat.read()
-        except OSError:
-            continue  # it ended meanwhile
-        # After "pid (comm) ": state ppid ... utime stime cutime cstime are fields 0, 1 and 11 to 14.
-        fields = text[text.rindex(")") + 2:].split()
-        children[int(fields[1])].append(int(entry.name))
-        ticks[int(entry.name)] = sum(int(v) for v in fields[11:15])
-    total, stack = 0, [os.getpid()]
-    while stack:
-        pid = stack.pop()
-        total += ticks.get(pid, 0)
-        stack.extend(children.get(pid, ()))
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def measured(action: Callable[[], Any]) -> tuple[float, float, Any]:
-    """Wall seconds, CPU seconds of the process tree, and the result of `action()`."""
-    cpu = tree_cpu_seconds()
-    wall, result = ct.timed(action)
-    return wall, tree_cpu_seconds() - cpu, result
-
-
 # --- optional measurements (--phases) -------------------------------------------------------------------
 
 
@@ -255,7 +217,7 @@ def ordering_only(spark: SparkSession, files: list[str]) -> dict[str, float]:
     }
     spent: dict[str, dict[str, float]] = {}
     for name, frame in frames.items():
-        runs = [measured(lambda f=frame: f.write.format("noop").mode("overwrite").save()) for _ in range(3)]
+        runs = [ct.measured(lambda f=frame: f.write.format("noop").mode("overwrite").save()) for _ in range(3)]
         spent[name] = {"wall_s": round(min(r[0] for r in runs), 2), "cpu_s": round(min(r[1] for r in runs), 2)}
     return spent
 
@@ -345,7 +307,7 @@ def run(messages: int, conversations: int, master: str, workdir: str, appends: i
             before = _last_stage(spark) if phases else -1
             load = _load()
             with ct.phase_clock(EXTRA_PHASES) if phases else contextlib.nullcontext(None) as spent:
-                seconds, cpu, report = measured(
+                seconds, cpu, report = ct.measured(
                     lambda q=queue: run_cycle(spark, declaration, q, "inbound", now=now, run_id=q))
             assert isinstance(report, CycleReport)
             if report.skipped:
@@ -429,7 +391,7 @@ def _mean_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     for entry in runs:
         spent = entry["phases"]
-        accounted = sum(v for k, v in spent.items() if not k.startswith("commit: ") or "total" in k)
+        accounted = ct.accounted_seconds(spent)
         for k, v in spent.items():
             totals[k] += v
         totals["other (journal, queue state, ...)"] += entry["seconds"] - accounted

@@ -4,6 +4,7 @@ bugs make two groups, then the CLI's --json."""
 from __future__ import annotations
 
 import json
+import traceback
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,59 @@ def test_without_any_handler_frame_the_innermost_frame_is_used() -> None:
     exec(code, {"caught": caught})  # noqa: S102 - a frame that is no file of the handler's
     info = describe(caught[0])
     assert top_frame_of(info.type, info.message, info.stack, info.signature) == "decoder.py:raw_decode"
+
+
+class _Coded(Exception):
+    code = 42
+
+
+class _Empty(Exception):
+    pass
+
+
+def _raise(error: BaseException) -> None:
+    raise error
+
+
+def _noted() -> BaseException:
+    error = _caught(_raise, KeyError("sku"))
+    error.add_note("while reserving stock")
+    return error
+
+
+def _syntax() -> BaseException:
+    return _caught(compile, "def (:", "<handler>", "exec")
+
+
+def _chained_error() -> BaseException:
+    try:
+        _raise(ValueError("quantity 'x'"))
+    except ValueError as cause:
+        try:
+            raise RuntimeError("withdrawal failed") from cause
+        except RuntimeError as error:
+            return error
+    raise AssertionError("expected an error")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _caught(_handler, "{bad"),
+    lambda: _caught(_raise, _Coded("order 17 refused")),
+    lambda: _caught(_raise, _Empty()),
+    lambda: _caught(_raise, KeyError("")),
+    _noted,
+    _syntax,
+    _chained_error,
+], ids=["library", "own-module", "empty-message", "builtin-empty-text", "notes", "syntax", "chained"])
+def test_the_stored_stack_is_pythons_traceback_on_every_attempt(make: Any) -> None:
+    """The stack is what the traceback module prints, whether described afresh or again (a poison
+    message fails the same way on each attempt, and its later attempts reuse the first's work)."""
+    first, again = make(), make()
+    expected = "".join(traceback.format_exception(first))
+    for error in (first, again, first):
+        info = describe(error)
+        assert info.stack == expected[-8000:]
+        assert info.message == str(error) and info.code == (None if not hasattr(error, "code") else "42")
 
 
 @pytest.mark.parametrize(("module", "filename", "own", "handler_code"), [

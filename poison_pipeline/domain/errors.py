@@ -124,8 +124,9 @@ def _top_frame(error: BaseException, own_package: str | None) -> str:
     return own or innermost
 
 
-def _frames(error: BaseException, own_package: str | None = None) -> tuple[str, str]:
-    """The formatted traceback header and frames, and the top frame of the handler's code."""
+def _frames(error: BaseException, own_package: str | None = None) -> tuple[tuple[object, ...], str, str]:
+    """The failure site (the key of the caches), the formatted traceback header and frames, and the
+    top frame of the handler's code."""
     key: list[object] = [type(error), own_package]
     tb = error.__traceback__
     while tb is not None:
@@ -141,14 +142,36 @@ def _frames(error: BaseException, own_package: str | None = None) -> tuple[str, 
         if len(_SITES) >= _SITES_LIMIT:
             _SITES.clear()
         _SITES[site] = cached
-    return cached
+    return site, *cached
 
 
-def _stack(error: BaseException, frames: str) -> str:
-    if error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__):
+def _exception_line(error: BaseException, text: str) -> str:
+    """What `traceback.format_exception_only` gives for `error` (whose str() is `text`), built
+    directly in the common case: that function builds a TracebackException, several times the
+    cost of the line."""
+    kind = type(error)
+    module = kind.__module__
+    if issubclass(kind, SyntaxError) or getattr(error, "__notes__", None) is not None or not isinstance(module, str):
+        return "".join(traceback.format_exception_only(error))
+    name = kind.__qualname__ if module in ("__main__", "builtins") else f"{module}.{kind.__qualname__}"
+    return f"{name}: {text}\n" if text else f"{name}\n"
+
+
+def _chained(error: BaseException) -> bool:
+    return error.__cause__ is not None or (error.__context__ is not None and not error.__suppress_context__)
+
+
+def _stack(error: BaseException, frames: str, text: str) -> str:
+    if _chained(error):
         # A chained error prints its causes too; rare enough to format in full.
         return "".join(traceback.format_exception(error))
-    return frames + "".join(traceback.format_exception_only(error))
+    return frames + _exception_line(error, text)
+
+
+# A poison message fails the same way on each of its attempts: its description is kept per failure
+# site, text and code, so that only its first attempt pays for the message's normalisation.
+_DESCRIBED: dict[tuple[object, ...], ErrorInfo] = {}
+_DESCRIBED_LIMIT = 4096
 
 
 def describe(error: BaseException, own_package: str | None = None) -> ErrorInfo:
@@ -156,17 +179,32 @@ def describe(error: BaseException, own_package: str | None = None) -> ErrorInfo:
     `groups` command): type, message with its variable parts blanked (`normalise`), and the
     innermost frame of the handler's own code (`is_handler_code`; `own_package` is the handler's
     top-level package, see `handler_package`). Cheap: frames are formatted once per failure site."""
-    kind = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
-    frames, top = _frames(error, own_package)
-    message = str(error)[:4000]
+    site, frames, top = _frames(error, own_package)
+    text = str(error)
     code = getattr(error, "code", None)
-    return ErrorInfo(
+    code_text = None if code is None else str(code)
+    # A chained error's stack shows its causes and a note shows in it, neither of which the site
+    # and text capture: those are described afresh each time.
+    cacheable = not _chained(error) and getattr(error, "__notes__", None) is None
+    key = (site, text, code_text)
+    if cacheable:
+        cached = _DESCRIBED.get(key)
+        if cached is not None:
+            return cached
+    kind = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
+    message = text[:4000]
+    info = ErrorInfo(
         type=kind,
         message=message,
-        stack=_stack(error, frames)[-8000:],
+        stack=_stack(error, frames, text)[-8000:],
         signature=signature_of(kind, normalise(message), top),
-        code=None if code is None else str(code),
+        code=code_text,
     )
+    if cacheable:
+        if len(_DESCRIBED) >= _DESCRIBED_LIMIT:
+            _DESCRIBED.clear()
+        _DESCRIBED[key] = info
+    return info
 
 
 class Classifier:

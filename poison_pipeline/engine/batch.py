@@ -91,7 +91,8 @@ class CycleSpec:
         return cycle_number(self.table, self.policy)
 
 
-def _timestamps(column: pa.Array) -> list[datetime | None]:
+def python_timestamps(column: pa.Array) -> list[datetime | None]:
+    """A UTC timestamp column as aware datetimes."""
     # Converting naive values and attaching UTC costs half of converting tz-aware ones.
     return [None if v is None else v.replace(tzinfo=UTC) for v in column.cast(_NAIVE).to_pylist()]
 
@@ -108,25 +109,23 @@ class _Rows:
 
     def __init__(self, batch: pa.RecordBatch, now: datetime) -> None:
         self.columns = {name: batch.column(name).to_pylist() for name in _PLAIN_COLUMNS}
-        self.enqueued = _timestamps(batch.column("enqueued_at"))
-        self.expires = _timestamps(batch.column("expires_at"))
+        self.enqueued = python_timestamps(batch.column("enqueued_at"))
+        self.expires = python_timestamps(batch.column("expires_at"))
         expired = pc.less_equal(batch.column("expires_at"), pa.scalar(now, schemas.TS))
         self.expired: list[bool] = pc.fill_null(expired, False).to_pylist()
+        # Read once or twice per message: plain attributes, not a lookup in `columns` each time.
+        c = self.columns
+        self.message_id, self.conversation_id, self.sequence_number = (
+            c["message_id"], c["conversation_id"], c["sequence_number"])
+        self.abort_count, self.total_abort_count = c["abort_count"], c["total_abort_count"]
+        self.move_count, self.redrive_count = c["move_count"], c["redrive_count"]
 
     def envelope(self, i: int) -> Envelope:
         c = self.columns
-        return Envelope(
-            message_id=c["message_id"][i],
-            message_type=c["message_type"][i],
-            body=c["body"][i] or b"",
-            encoding=c["encoding"][i],
-            enqueued_at=self.enqueued[i],  # type: ignore[arg-type]
-            conversation_id=c["conversation_id"][i],
-            sequence_number=c["sequence_number"][i],
-            expires_at=self.expires[i],
-            sender=c["sender"][i],
-            headers=dict(c["headers"][i] or ()),
-        )
+        headers = c["headers"][i]
+        return Envelope(self.message_id[i], c["message_type"][i], c["body"][i] or b"", c["encoding"][i],
+                        self.enqueued[i], self.conversation_id[i], self.sequence_number[i],  # type: ignore[arg-type]
+                        self.expires[i], c["sender"][i], dict(headers) if headers else {})
 
 
 def _one_of(batch_handler: Callable[[list[Message]], Any]) -> Callable[[Message], Any]:
@@ -159,6 +158,7 @@ class Processor:
         self.timeout = spec.timeout_seconds
         self.cycle = spec.cycle
         self.moves_back = moves_back(spec.table)
+        self.queue = spec.queue
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         self.marker = Marker(self.spec.inflight) if self.spec.inflight else None
@@ -178,7 +178,14 @@ class Processor:
         rows = _Rows(batch, spec.now)
         changes = Changes(batch.num_rows, spec.table, self.waiting, spec.now, spec.policy.retry_cycle_delay)
         deliverable: list[int] = []
+        # Without screening, ordering or a batch handler, a message that is not expired is delivered
+        # at once until an outage trips (what `_early` would decide, without asking it each time).
+        direct = not (self.screening or self.ordered or self.batch_size) and self.handler is not None
+        expired = rows.expired
         for i in range(batch.num_rows):
+            if direct and not expired[i] and not self.tripped:
+                self._deliver_one(rows, i, changes)
+                continue
             early = self._early(rows, i)
             if early is not None:
                 route, due, held = early
@@ -199,18 +206,18 @@ class Processor:
     def _early(self, rows: _Rows, i: int) -> tuple[Route, datetime | None, bool] | None:
         """The route of a message that is not delivered in this cycle (with its due time, and
         whether it is held behind an earlier message of its conversation), if it is one."""
-        spec, c = self.spec, rows.columns
-        conversation = c["conversation_id"][i]
+        spec = self.spec
+        conversation = rows.conversation_id[i]
         # Most messages are neither expired, duplicates, nor of an ended conversation: test cheaply.
         if rows.expired[i] or self.screening:
-            message_id = c["message_id"][i]
-            duplicate = message_id in spec.seen or (message_id, c["batch_id"][i]) in spec.losers
+            message_id = rows.message_id[i]
+            duplicate = message_id in spec.seen or (message_id, rows.columns["batch_id"][i]) in spec.losers
             early = route_before_delivery(rows.expired[i], duplicate, conversation in spec.ended)
             if early is not None:
                 return early, None, False
         if self.tripped:
             return OUTAGE, None, False
-        sequence = c["sequence_number"][i]
+        sequence = rows.sequence_number[i]
         # Messages without a sequence number take no part in ordering.
         if self.ordered and conversation is not None and sequence is not None:
             if self.holding is not None and self.holding[0] == conversation:
@@ -226,9 +233,8 @@ class Processor:
 
     def _message(self, rows: _Rows, i: int, envelope: Envelope, attempt: int) -> Message:
         failed = attempt - 1
-        return Message(envelope, self.spec.queue, rows.columns["abort_count"][i] + failed,
-                       rows.columns["move_count"][i] + self.moves_back, self.cycle, attempt,
-                       rows.columns["total_abort_count"][i] + failed, rows.columns["redrive_count"][i] or 0)
+        return Message(envelope, self.queue, rows.abort_count[i] + failed, rows.move_count[i] + self.moves_back,
+                       self.cycle, attempt, rows.total_abort_count[i] + failed, rows.redrive_count[i] or 0)
 
     def _deliver_one(self, rows: _Rows, i: int, changes: Changes) -> None:
         handler = self.handler
@@ -256,7 +262,7 @@ class Processor:
 
     def _settle(self, rows: _Rows, i: int, delivery: Delivery, changes: Changes) -> None:
         """Route a delivered message, and let its outcome hold its conversation or trip the outage."""
-        conversation = rows.columns["conversation_id"][i]
+        conversation = rows.conversation_id[i]
         if delivery.outcome is Outcome.SUCCEEDED:
             changes.set(i, PROCESSED_ROUTE, delivery)
             if self.exposed:
@@ -265,7 +271,7 @@ class Processor:
             return
         route = self._route(delivery.outcome, rows.expired[i], conversation is not None)
         changes.set(i, route, delivery)
-        if self.ordered and conversation is not None and rows.columns["sequence_number"][i] is not None:
+        if self.ordered and conversation is not None and rows.sequence_number[i] is not None:
             self.holding = (conversation, route)
         if delivery.outage_failures and self.tripped:
             changes.uncharge(i)  # delivered in the same batch call as the message that tripped it

@@ -104,7 +104,10 @@ def deliver(
         started, clock = time.time_ns() // 1000, time.perf_counter()
         message = make_message(attempt)
         try:
-            call_with_timeout(handler, message, timeout)
+            if timeout is None:
+                handler(message)
+            else:
+                call_with_timeout(handler, message, timeout)
         except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
             error_info = classifier.describe(error)
             outcome = "timeout" if isinstance(error, HandlerTimeout) else "abort"
