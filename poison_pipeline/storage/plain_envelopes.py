@@ -28,12 +28,6 @@ import pyarrow.json as pj
 from poison_pipeline.domain.envelope import ENCODINGS, FIELDS, TEXT_LIMIT
 from poison_pipeline.storage import schemas
 
-# A line with its top-level "body" member cut out: what precedes it, and the body with what follows.
-# The first `"body":` may sit inside a nested object or a string; then the head is not a JSON object
-# once closed, and the line goes to the per-record path.
-_SPLIT = r'^(?P<head>\s*\{(?:.*?,)?)\s*"body"\s*:(?P<rest>.*)\}\s*$'
-# The members that may follow the body: plain strings, integers, literals, empty headers.
-_AFTER_BODY = r'^(?P<body>.*?)(?P<tail>(?:\s*,\s*"[a-z_]+"\s*:\s*(?:"[^"\\]*"|-?\d+|null|true|false|\{\s*\}))*)\s*$'
 _STRING = r'"(?:[^"\\]|\\["\\/bfnrtu])*"'
 # Escapes that `json.dumps` writes back as they came (it writes `\/` as `/`, and \u escapes differently).
 _ROUND_TRIP_STRING = r'"(?:[^"\\]|\\["\\bfnrt])*"'
@@ -62,6 +56,8 @@ _HEAD = pa.schema([
     pa.field("headers", pa.struct([])),
 ])
 assert set(_HEAD.names) | {"body", "body_base64"} == FIELDS
+_HEAD_AND_BODY = pa.schema([*_HEAD, pa.field("body", pa.int64())])
+_BODY_KEY = '"body":'
 
 
 def plain_envelopes(lines: pa.Array, now: datetime, time_to_live: timedelta | None,
@@ -72,23 +68,31 @@ def plain_envelopes(lines: pa.Array, now: datetime, time_to_live: timedelta | No
     `schemas.ENVELOPE_FIELDS` in line order."""
     texts = lines.cast(pa.large_string())
     plain = _true(pc.invert(pc.or_(pc.match_substring(texts, "\\u"), pc.match_substring(texts, '"body_base64"'))))
-    parts = pc.extract_regex(texts, _SPLIT)
-    has_body = _true(parts.is_valid())
-    after = pc.extract_regex(pc.fill_null(parts.field("rest"), ""), _AFTER_BODY)
-    # Close the head and the members after the body as an object of their own: it reads only if
-    # the cut was at the top level; the body must then read as one JSON value.
-    head = pc.replace_substring_regex(pc.fill_null(parts.field("head"), ""), r"\s*,?\s*$", "")
-    closed = pc.replace_substring_regex(
-        pc.binary_join_element_wise(head, after.field("tail"), _text("}"), _text("")), r"^(\s*\{)\s*,", r"\1")
-    closed = pc.if_else(has_body, closed, texts)
-    rest = pc.utf8_trim_whitespace(after.field("body"))
-    json_body = has_body & _true(pc.match_substring_regex(rest, r"^[\[{]"))
+    # The first `"body":` is cut out: what precedes it, closed with a body of its own, must read as
+    # an object (so the cut was at the top level), and the body, running to the line's last brace,
+    # must read as one JSON value (so nothing follows it). A body followed by other members is left
+    # to the per-record path.
+    key = np.asarray(pc.find_substring(texts, _BODY_KEY).to_numpy(zero_copy_only=False), dtype=np.int64)
+    has_body = key >= 0
+    length = np.asarray(pc.binary_length(texts).to_numpy(zero_copy_only=False), dtype=np.int64)
+    last_brace = length - 1 - np.asarray(pc.find_substring(pc.binary_reverse(texts.cast(pa.large_binary())),
+                                                           "}").to_numpy(zero_copy_only=False), dtype=np.int64)
+    at = np.where(has_body, key, 0)
+    closed = pc.if_else(has_body, pc.binary_join_element_wise(
+        _segments(texts, np.zeros(len(texts), dtype=np.int64), at), _text(_BODY_KEY + "0}"), _text("")), texts)
+    wrapped = pc.binary_join_element_wise(_text("{"), _segments(texts, at, np.maximum(last_brace + 1, at)), _text(""))
+    rest = pc.utf8_trim_whitespace(_segments(texts, np.minimum(at + len(_BODY_KEY), length),
+                                             np.maximum(last_brace, np.minimum(at + len(_BODY_KEY), length))))
+    ends_with_body = _true(pc.match_substring_regex(texts, r"[}\]]\s*\}\s*$"))
+    json_body = has_body & ends_with_body & _true(pc.match_substring_regex(rest, r"^[\[{]"))
     text_body = has_body & _true(pc.match_substring_regex(rest, r'^"[^"\\]*"$'))
     plain &= ~has_body | json_body | text_body
+    # A body spelled otherwise (`"body" :`) was not cut out: such a line is not plain.
+    plain &= has_body | ~_true(pc.match_substring(texts, '"body"'))
 
-    head, parsed = _read(closed, plain, _HEAD)
+    head, parsed = _read(closed, plain, _HEAD_AND_BODY)
     plain &= parsed
-    body_ok = _valid_bodies(rest, plain & json_body)
+    body_ok = _valid_bodies(wrapped, plain & json_body)
     plain &= ~json_body | body_ok
 
     blanked = pc.replace_substring_regex(pc.replace_substring_regex(rest, _STRING, '""'), "true|false|null", " ")
@@ -142,6 +146,20 @@ def plain_envelopes(lines: pa.Array, now: datetime, time_to_live: timedelta | No
 def _true(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A boolean column as a numpy mask, null counting as false."""
     return np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _segments(texts: pa.Array, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """`texts[i][starts[i]:ends[i]]` for every i, in one copy: the slices and the gaps between them
+    are consecutive elements over the texts' own bytes, and the slices are taken."""
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
+    lengths = np.diff(offsets)
+    starts = np.clip(starts, 0, lengths)
+    ends = np.clip(ends, starts, lengths)
+    bounds = np.empty(2 * len(texts), dtype=np.int64)
+    bounds[0::2] = offsets[:-1] + starts
+    bounds[1::2] = offsets[:-1] + ends
+    pieces = pa.LargeStringArray.from_buffers(max(2 * len(texts) - 1, 0), pa.py_buffer(bounds), texts.buffers()[2])
+    return pc.take(pieces, pa.array(np.arange(0, 2 * len(texts), 2, dtype=np.int64)))
 
 
 def _text(value: str) -> pa.Scalar:
@@ -223,11 +241,14 @@ def _scatter(n: int, pieces: list[tuple[np.ndarray, pa.Table]], schema: pa.Schem
     return pa.table({name: pc.take(table[name], index).combine_chunks() for name in schema.names})
 
 
-def _valid_bodies(rest: pa.Array, wanted: np.ndarray) -> np.ndarray:
-    """Which bodies (each followed by nothing but the line's closing brace) are one JSON value."""
-    wrapped = pc.binary_join_element_wise(_text('{"body":'), rest, _text("}"), _text(""))
+def _valid_bodies(wrapped: pa.Array, wanted: np.ndarray) -> np.ndarray:
+    """Which `{"body": ...}` texts hold a body and nothing else, and that body one JSON value."""
     _, ok = _read(wrapped, wanted, None, accept=lambda table: table.column_names == ["body"])
     return ok
+
+
+_PRINTABLE = np.zeros(256, dtype=np.uint8)
+_PRINTABLE[[0x09, 0x0D, *range(0x20, 0x7F)]] = 1
 
 
 def printable(texts: pa.Array) -> np.ndarray:
@@ -237,7 +258,13 @@ def printable(texts: pa.Array) -> np.ndarray:
     offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
     data = texts.buffers()[2]
     raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
-    bad = ~(((raw >= 0x20) & (raw <= 0x7E)) | (raw == 0x09) | (raw == 0x0D))
-    counts = np.concatenate(([0], np.cumsum(bad, dtype=np.int64)))
-    ok = (counts[offsets[1:]] - counts[offsets[:-1]]) == 0
+    good = _PRINTABLE[raw]
+    lengths = np.diff(offsets)
+    ok = np.ones(len(texts), dtype=bool)
+    solid = np.flatnonzero(lengths > 0)
+    if len(solid):
+        ok[solid] = np.minimum.reduceat(good, offsets[:-1][solid]) == 1
+        # reduceat runs each segment up to the next start: the last one must stop at its own end.
+        tail = offsets[:-1][solid[-1]]
+        ok[solid[-1]] = bool(good[tail:offsets[-1]].min())
     return ok & _true(texts.is_valid())
