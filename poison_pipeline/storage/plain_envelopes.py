@@ -6,10 +6,11 @@ which alone refuses and words the refusal. So this module adds no rule of its ow
 rule to a case that is plain to check on whole columns, and `test_plain_envelopes.py` checks it
 against `parse_envelope` line by line on generated envelopes.
 
-What it leaves to the per-record path (rare in practice, and all still accepted or refused there):
-bytes outside printable ASCII (tabs and CR aside), `\\u` escapes, `body_base64`, non-empty `headers`,
-`xml`/`binary` bodies, a JSON body that is a string, number or literal, a body whose compact form
-`json.dumps` would write differently (other escapes, exponents, long or trailing-zero fractions),
+What it leaves to the per-record path (all still accepted or refused there, only slower): bytes
+outside printable ASCII (tabs and CR aside), backslashes (escapes), `body_base64`, non-empty
+`headers`, `xml`/`binary` bodies, a JSON body that is a string, number or literal or that other
+members follow (the body last is what most producers write), a body whose compact form
+`json.dumps` would write differently (exponents, long or trailing-zero fractions, NaN),
 timestamps other than `YYYY-MM-DD[T ]hh:mm:ss[.f{1,6}][Z|±hh:mm]`, and any line pyarrow's JSON
 reader refuses (wrong types, unknown or repeated fields).
 """
@@ -28,15 +29,13 @@ import pyarrow.json as pj
 from poison_pipeline.domain.envelope import ENCODINGS, FIELDS, TEXT_LIMIT
 from poison_pipeline.storage import schemas
 
-_STRING = r'"(?:[^"\\]|\\["\\/bfnrtu])*"'
-# Escapes that `json.dumps` writes back as they came (it writes `\/` as `/`, and \u escapes differently).
-_ROUND_TRIP_STRING = r'"(?:[^"\\]|\\["\\bfnrt])*"'
-# In a body with its strings blanked: number spellings `json.dumps` would not write back the same
-# (an exponent, -0, a fraction ending in 0 other than .0, below 1e-4, more digits than a float
-# keeps, integers long enough to meet Python's digit limit), and any letter outside true/false/null
-# (NaN, Infinity).
+# In a body with its strings overwritten: number spellings `json.dumps` would not write back the same (an
+# exponent, -0, a fraction ending in 0 other than .0, below 1e-4, more digits than a float keeps,
+# integers long enough to meet Python's digit limit), and any letter that true, false and null do
+# not have (NaN, Infinity).
 _NON_CANONICAL = (r'\d[eE]|-0(?:[^.0-9]|$)|\.\d+0(?:[^0-9]|$)|(?:^|[^0-9])0\.0000|\d{8}\.|\.\d{8}|\d{19}'
-                  r'|[A-Za-z]')
+                  r'|[A-Zb-dg-kmo-qv-z]')
+_CHUNK_ROWS = 1 << 17
 _TIMESTAMP = (r'^[1-9]\d{3}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])[T ](?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d'
               r'(?:\.\d{1,6})?')
 _ZONE = r'(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)$'
@@ -67,7 +66,8 @@ def plain_envelopes(lines: pa.Array, now: datetime, time_to_live: timedelta | No
     Returns a mask over `lines` and, for the lines it marks, the envelope columns of
     `schemas.ENVELOPE_FIELDS` in line order."""
     texts = lines.cast(pa.large_string())
-    plain = _true(pc.invert(pc.or_(pc.match_substring(texts, "\\u"), pc.match_substring(texts, '"body_base64"'))))
+    # Without a backslash, a string is written back as it came and every quote opens or closes one.
+    plain = ~_true(pc.match_substring_regex(texts, r'\\|"body_base64"'))
     # The first `"body":` is cut out: what precedes it, closed with a body of its own, must read as
     # an object (so the cut was at the top level), and the body, running to the line's last brace,
     # must read as one JSON value (so nothing follows it). A body followed by other members is left
@@ -95,12 +95,11 @@ def plain_envelopes(lines: pa.Array, now: datetime, time_to_live: timedelta | No
     body_ok = _valid_bodies(wrapped, plain & json_body)
     plain &= ~json_body | body_ok
 
-    blanked = pc.replace_substring_regex(pc.replace_substring_regex(rest, _STRING, '""'), "true|false|null", " ")
-    canonical = _true(pc.match_substring_regex(rest, rf'^(?:{_ROUND_TRIP_STRING}|[^"\\])*$')) \
-        & ~_true(pc.match_substring_regex(blanked, _NON_CANONICAL))
-    plain &= ~json_body | canonical
-    compact = pc.replace_substring_regex(rest, rf"({_STRING})|[ \t\r\n]+", r"\1")
-    body = pc.if_else(json_body, compact, pc.if_else(text_body, pc.utf8_slice_codeunits(rest, 1, -1), ""))
+    # The compact form is the body without whitespace outside strings.
+    compact, masked = _compact(rest.cast(pa.large_binary()))
+    plain &= ~json_body | ~_true(pc.match_substring_regex(masked.cast(pa.large_string()), _NON_CANONICAL))
+    text = pc.if_else(text_body, pc.utf8_slice_codeunits(rest, 1, -1), "").cast(pa.large_binary())
+    body = pc.if_else(json_body, compact, text)
     plain &= _true(pc.less_equal(pc.binary_length(body), max_body_bytes))
 
     encoding = pc.if_else(_true(pc.equal(pc.fill_null(head["encoding"], ""), "")),
@@ -160,6 +159,43 @@ def _segments(texts: pa.Array, starts: np.ndarray, ends: np.ndarray) -> pa.Array
     bounds[1::2] = offsets[:-1] + ends
     pieces = pa.LargeStringArray.from_buffers(max(2 * len(texts) - 1, 0), pa.py_buffer(bounds), texts.buffers()[2])
     return pc.take(pieces, pa.array(np.arange(0, 2 * len(texts), 2, dtype=np.int64)))
+
+
+def _compact(bodies: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Each body without its whitespace outside strings, and each body with its strings overwritten
+    by quotes (for the number check); exact for bodies without backslashes, by the parity of the
+    quotes before each byte."""
+    compact, masked = [], []
+    for start in range(0, len(bodies), _CHUNK_ROWS):
+        chunk = bodies.slice(start, _CHUNK_ROWS)
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
+        data = chunk.buffers()[2]
+        raw = (np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8))
+        raw = raw[offsets[0]:offsets[-1]]
+        starts, lengths = offsets[:-1] - offsets[0], np.diff(offsets)
+        quote = raw == 0x22
+        parity = np.logical_xor.accumulate(quote) if len(raw) else quote
+        # Each body counts its quotes from its own start (a malformed one must not shift the next).
+        before = np.where(starts > 0, parity[np.maximum(starts - 1, 0)], False) if len(raw) else starts > 0
+        inside = parity ^ np.repeat(before, lengths)
+        blank = (raw == 0x20) | (raw == 0x09) | (raw == 0x0A) | (raw == 0x0D)
+        compact.append(_select(raw, starts, lengths, ~(blank & ~inside)))
+        relative = np.concatenate((starts, [len(raw)])).astype(np.int64)
+        masked.append(pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts), [
+            None, pa.py_buffer(relative), pa.py_buffer(np.where(inside, np.uint8(0x22), raw))]))
+    if not compact:
+        return pa.array([], pa.large_binary()), pa.array([], pa.large_binary())
+    return pa.concat_arrays(compact), pa.concat_arrays(masked)
+
+
+def _select(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> pa.Array:
+    """The kept bytes of each segment, as an array of segments."""
+    # Counting the dropped bytes by position is far cheaper than summing a mask per segment.
+    dropped = np.flatnonzero(~keep)
+    kept_lengths = lengths - (np.searchsorted(dropped, starts + lengths) - np.searchsorted(dropped, starts))
+    offsets = np.concatenate(([0], np.cumsum(kept_lengths))).astype(np.int64)
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts),
+                                            [None, pa.py_buffer(offsets), pa.py_buffer(raw[keep])])
 
 
 def _text(value: str) -> pa.Scalar:
