@@ -32,6 +32,8 @@ ui: java $(STAMP)
 
 bench: java $(STAMP)
 	$(BIN)/python benchmarks/cycle_throughput.py
+	$(BIN)/python benchmarks/enqueue_throughput.py
+	$(BIN)/python benchmarks/small_enqueues.py
 
 clean:
 	rm -rf $(VENV) lake demo_lake .dagster_home *.egg-info

@@ -8,8 +8,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import yaml
+from dagster import DagsterInstance, DefaultScheduleStatus
 
 from poison_pipeline.cli import main
+from poison_pipeline.defs.build import build_definitions
+from poison_pipeline.defs.naming import maintenance_schedule_name
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.checks import check_conservation
@@ -17,6 +20,7 @@ from poison_pipeline.operations.maintenance import maintain
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.dagster_support import QUIET
 from poison_pipeline_tests.support import places, queue, rows, send
 
 POLICY = {"receive_retry_count": 0, "max_retry_cycles": 1, "retry_cycle_delay": 0, "receive_error_handling": "move"}
@@ -72,3 +76,16 @@ def test_maintain_from_the_command_line(tmp_path: Path, capsys) -> None:
     assert (out["retention_hours"], inbound["files_before"], inbound["files_after"]) == (None, 3, 1)
     assert main(["--config", str(config), "maintain", "q", "--retention", "soon"]) == 2
     assert "'soon' is not a duration" in capsys.readouterr().err
+
+
+def test_the_maintenance_job_compacts_and_its_daily_schedule_starts_stopped(make_declaration) -> None:
+    declaration = make_declaration(queue(**POLICY))
+    for b in range(3):
+        send(declaration, {f"m{b}": {}})
+    defs = build_definitions(declaration)
+    schedule = {s.name: s for s in defs.get_repository_def().schedule_defs}[maintenance_schedule_name("q")]
+    assert schedule.default_status == DefaultScheduleStatus.STOPPED
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def(schedule.job_name).execute_in_process(instance=instance, run_config=QUIET)
+    assert result.success
+    assert len(QueueTables.of(declaration, "q").open("inbound").file_uris()) == 1
