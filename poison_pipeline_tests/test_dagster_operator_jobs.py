@@ -18,6 +18,7 @@ from poison_pipeline.defs.naming import (
     ACTOR_TAG,
     QUEUE_TAG,
     USER_TAG,
+    maintenance_schedule_name,
     operator_job_name,
     operator_op_name,
     retention_schedule_name,
@@ -84,7 +85,9 @@ def test_every_operator_job_of_a_queue_carries_its_tag_and_the_retention_schedul
         for action in ("enable", "end_conversation", "edit", "purge", "undo"):
             assert defs.resolve_job_def(operator_job_name(queue, action)).tags[QUEUE_TAG] == queue
     schedules = {s.name: s for s in defs.get_repository_def().schedule_defs}
-    assert list(schedules) == [retention_schedule_name("q")]  # `other` declares no retention
+    # `other` declares no retention; every queue has its maintenance schedule.
+    assert sorted(schedules) == sorted([retention_schedule_name("q"), maintenance_schedule_name("q"),
+                                        maintenance_schedule_name("other")])
     schedule = schedules[retention_schedule_name("q")]
     assert schedule.default_status == DefaultScheduleStatus.STOPPED
     assert schedule.job.tags[QUEUE_TAG] == "q"

@@ -31,6 +31,7 @@ from poison_pipeline.cli import (
     groups,
     history,
     inspect_message,
+    maintain,
     purge,
     redrive,
     status,
@@ -55,7 +56,7 @@ __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parse
 
 # In the order `--help` lists them.
 _COMMANDS = (enqueue, status, groups, inspect_message, edit, history, enable, redrive, purge, undo, actions,
-             end_conversation)
+             end_conversation, maintain)
 
 
 def build_parser() -> argparse.ArgumentParser:

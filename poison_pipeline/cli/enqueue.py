@@ -16,7 +16,7 @@ from poison_pipeline.cli.common import (
     check_queue,
     declaration_of,
 )
-from poison_pipeline.operations.enqueue import enqueue_lines, refused_path, split_lines, write_refused
+from poison_pipeline.operations.enqueue import enqueue_data, refused_path, write_refused
 
 
 def add_parser(commands: Commands) -> None:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     declaration = declaration_of(args)
     check_queue(declaration, args.queue)
     path = Path(args.file)
-    result = enqueue_lines(declaration, args.queue, split_lines(_read(path)))
+    result = enqueue_data(declaration, args.queue, _read(path))
     batch = f" (batch {result.batch_id})" if result.batch_id else ""
     print(f"enqueued {result.accepted} of {result.lines} messages into queue {args.queue!r}{batch}")
     if not result.refused:

@@ -16,7 +16,7 @@ from poison_pipeline.defs.jobs import cycle_job
 from poison_pipeline.defs.operator_jobs import operator_jobs
 from poison_pipeline.defs.redrive import redrive_asset, redrive_job
 from poison_pipeline.defs.resources import SparkResource
-from poison_pipeline.defs.schedules import retention_schedules
+from poison_pipeline.defs.schedules import maintenance_schedules, retention_schedules
 from poison_pipeline.defs.sensors import transmission_sensor, waiting_sensor
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
@@ -40,7 +40,7 @@ def build_definitions(declaration: Declaration) -> Definitions:
         # The operator's console: redrive by failure day, actions with typed config, retention.
         assets.append(redrive_asset(declaration, queue))
         jobs += [redrive_job(queue), *operator_jobs(declaration, queue)]
-        schedules += retention_schedules(declaration, queue)
+        schedules += [*retention_schedules(declaration, queue), *maintenance_schedules(declaration, queue)]
     return Definitions(
         assets=assets,
         asset_checks=checks,

@@ -66,3 +66,11 @@ def retention_job_name(queue: str) -> str:
 def operator_op_name(queue: str, action: str) -> str:
     """The op of an operator job (the Launchpad's `ops:` key): op names are unique in a repository."""
     return f"{queue}__{action}_op"
+
+
+def maintenance_job_name(queue: str) -> str:
+    return f"{queue}__maintenance"
+
+
+def maintenance_schedule_name(queue: str) -> str:
+    return f"{queue}__maintenance"

@@ -1,5 +1,6 @@
-"""The daily retention of a queue: a schedule that purges what failed longer ago than the queue's
-declared `retention` (operations/purge.apply_retention), defined only for a queue that declares one."""
+"""The daily schedules of a queue: retention purges what failed longer ago than the queue's declared
+`retention` (operations/purge.apply_retention), defined only for a queue that declares one;
+maintenance compacts, checkpoints and vacuums its tables (operations/maintenance.maintain)."""
 
 from dagster import (
     DefaultScheduleStatus,
@@ -15,12 +16,21 @@ from dagster import (
     op,
 )
 
-from poison_pipeline.defs.naming import QUEUE_TAG, retention_job_name, retention_schedule_name
+from poison_pipeline.defs.naming import (
+    QUEUE_TAG,
+    maintenance_job_name,
+    maintenance_schedule_name,
+    retention_job_name,
+    retention_schedule_name,
+)
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.operations.maintenance import format_maintained, maintain
 from poison_pipeline.operations.purge import apply_retention, format_purge
 
 # Early in the morning (UTC), away from the business day's traffic.
 RETENTION_CRON = "15 3 * * *"
+# After retention, so that the files it leaves are compacted the same night.
+MAINTENANCE_CRON = "45 3 * * *"
 
 
 def retention_job(declaration: Declaration, queue: str) -> JobDefinition:
@@ -49,3 +59,29 @@ def retention_schedules(declaration: Declaration, queue: str) -> list[ScheduleDe
                                cron_schedule=RETENTION_CRON, execution_timezone="UTC",
                                default_status=DefaultScheduleStatus.STOPPED,
                                description=f"Daily: purges {queue}'s failures older than its declared retention.")]
+
+
+def maintenance_job(declaration: Declaration, queue: str) -> JobDefinition:
+    @op(name=f"{maintenance_job_name(queue)}_op", out=Out(Nothing),
+        description="Compacts, checkpoints and vacuums the queue's tables under its lease.")
+    def run_maintenance(context: OpExecutionContext) -> Output:
+        result = maintain(declaration, queue, run_id=context.run.run_id)
+        context.log.info(format_maintained(result))
+        return Output(None, metadata={
+            f"files_{t.table}": MetadataValue.text(f"{t.files_before} -> {t.files_after}") for t in result.tables})
+
+    @job(name=maintenance_job_name(queue), tags={QUEUE_TAG: queue}, executor_def=in_process_executor,
+         description=f"Compacts {queue}'s small files, checkpoints its logs and vacuums old files.")
+    def maintenance() -> None:
+        run_maintenance()
+
+    return maintenance
+
+
+def maintenance_schedules(declaration: Declaration, queue: str) -> list[ScheduleDefinition]:
+    """The queue's daily maintenance, stopped until an operator turns it on: its vacuum deletes for
+    good the files of versions older than 7 days, which `inspect --as-of` reads."""
+    return [ScheduleDefinition(name=maintenance_schedule_name(queue), job=maintenance_job(declaration, queue),
+                               cron_schedule=MAINTENANCE_CRON, execution_timezone="UTC",
+                               default_status=DefaultScheduleStatus.STOPPED,
+                               description=f"Daily: compacts, checkpoints and vacuums {queue}'s tables.")]

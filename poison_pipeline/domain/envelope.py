@@ -10,10 +10,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 ENCODINGS = ("empty", "json", "xml", "text", "binary")
-_FIELDS = {
+FIELDS = {
     "message_id", "conversation_id", "sequence_number", "message_type", "body", "body_base64",
     "encoding", "enqueued_at", "expires_at", "sender", "headers",
 }
+# The longest id, type or sender an envelope may carry, in characters.
+TEXT_LIMIT = 256
 
 
 class EnvelopeError(ValueError):
@@ -138,7 +140,7 @@ def _timestamp(record: dict[str, Any], name: str) -> datetime | None:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
-def _text(record: dict[str, Any], name: str, required: bool, limit: int = 256) -> str | None:
+def _text(record: dict[str, Any], name: str, required: bool, limit: int = TEXT_LIMIT) -> str | None:
     value = record.get(name)
     if value is None or value == "":
         if required:
@@ -207,9 +209,9 @@ def parse_envelope(
     """Validate one record (a decoded JSON object) into an Envelope, or raise EnvelopeError."""
     if not isinstance(record, dict):
         raise EnvelopeError(f"an envelope must be a JSON object, got {type(record).__name__}")
-    unknown = sorted(set(record) - _FIELDS)
+    unknown = sorted(set(record) - FIELDS)
     if unknown:
-        raise EnvelopeError(f"{unknown[0]}: not an envelope field (fields: {', '.join(sorted(_FIELDS))})")
+        raise EnvelopeError(f"{unknown[0]}: not an envelope field (fields: {', '.join(sorted(FIELDS))})")
     message_id = _text(record, "message_id", required=True)
     message_type = _text(record, "message_type", required=True)
     # Without an encoding, a body is taken as JSON and no body as an empty message.
@@ -222,6 +224,9 @@ def parse_envelope(
     sequence = record.get("sequence_number")
     if sequence is not None and (isinstance(sequence, bool) or not isinstance(sequence, int)):
         raise EnvelopeError(f"sequence_number: {sequence!r} must be an integer")
+    if sequence is not None and not -(2**63) <= sequence < 2**63:
+        # The tables store it as a 64-bit integer: a larger one would fail the whole batch's commit.
+        raise EnvelopeError(f"sequence_number: {sequence!r} is out of range (a 64-bit integer)")
     conversation_id = _text(record, "conversation_id", required=False)
     if sequence is not None and conversation_id is None:
         raise EnvelopeError("sequence_number: only meaningful with a conversation_id")

@@ -28,7 +28,7 @@ from poison_pipeline.operations.interrupted import Completed, complete_interrupt
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.inflight import culprits
-from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
+from poison_pipeline.storage.journal import JournalEntry, journal_uri, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.lease import Holder, Lease
 from poison_pipeline.storage.tables import QueueTables
 
@@ -51,7 +51,7 @@ class CycleReport:
 
 
 def _journal(tables: QueueTables, table: str) -> str:
-    return tables.work_uri("journal", f"{table}.json")
+    return journal_uri(tables, table)
 
 
 def _finish(declaration: Declaration, tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[str, float]:

@@ -1,21 +1,28 @@
 """`enqueue`: a JSON Lines file of envelopes into a queue's inbound, one bad line never blocking the rest.
 
-Every line is screened first, then the valid ones go to `storage.enqueue.enqueue` in one commit;
-each refusal keeps its line number, its message id (when it has one) and the reason, and the refused
-lines can be written beside the input so that nothing is lost.
+The lines that are plainly valid are read together (`storage.enqueue.parse_texts`); every other
+line is screened here, then checked one by one by `storage.enqueue.land`, which appends the valid
+ones in one commit. Each refusal keeps its line number, its message id (when it has one) and the
+reason, and the refused lines can be written beside the input so that nothing is lost.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.domain.policy import Policy
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.enqueue import land, parse_texts
 
 
 @dataclass(frozen=True)
@@ -49,22 +56,62 @@ def split_lines(data: bytes) -> list[Line]:
 def enqueue_lines(declaration: Declaration, queue: str, lines: list[Line],
                   now: datetime | None = None) -> FileEnqueued:
     """Enqueue the valid lines in one commit; every other line is refused with its reason."""
+    by_number = {line.number: line for line in lines}
+    raws = pa.array([line.raw for line in lines], pa.large_binary())
+    numbers = np.array([line.number for line in lines], dtype=np.int64)
+    return _enqueue(declaration, queue, raws, numbers, by_number.__getitem__, now)
+
+
+def enqueue_data(declaration: Declaration, queue: str, data: bytes, now: datetime | None = None) -> FileEnqueued:
+    """`enqueue_lines` over the non-blank lines of a JSON Lines file's bytes, split without a Python
+    object per line."""
+    raws, numbers = _split(data)
+    return _enqueue(declaration, queue, raws, numbers, lambda number: _line(raws, numbers, number), now)
+
+
+def _split(data: bytes) -> tuple[pa.Array, np.ndarray]:
+    """The non-blank lines (as `split_lines` finds them, without the newline) and their numbers."""
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(buffer == 0x0A)
+    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
+    # bytes.strip() removes ASCII whitespace: a line with nothing else is blank.
+    blank = np.isin(buffer, np.frombuffer(b" \t\n\r\x0b\x0c", dtype=np.uint8))
+    solid = np.concatenate(([0], np.cumsum(~blank, dtype=np.int64)))
+    kept = np.flatnonzero(solid[ends] - solid[starts] > 0)
+    # Every line with its newline, end to end over the file's own bytes; then the newline cut.
+    offsets = np.concatenate((starts, [len(buffer)])).astype(np.int64)
+    lines = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts),
+                                             [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    raws = pc.binary_slice(pc.take(lines, pa.array(kept)), 0, -1)
+    return raws, kept + 1
+
+
+def _line(raws: pa.Array, numbers: np.ndarray, number: int) -> Line:
+    return Line(number, raws[int(np.searchsorted(numbers, number))].as_py())
+
+
+def _enqueue(declaration: Declaration, queue: str, raws: pa.Array, numbers: np.ndarray,
+             line_of: Callable[[int], Line], now: datetime | None) -> FileEnqueued:
     now = now or datetime.now(UTC)
     policy = declaration.queue(queue).policy
+    parsed, left = parse_texts(raws, numbers, policy, now)
     refused: list[Refusal] = []
-    texts: list[str] = []
-    origins: list[Line] = []
-    for line in lines:
+    others: list[tuple[int, Any]] = []
+    texts: dict[int, str] = {}
+    for number in numbers[left].tolist():
+        line = line_of(number)
         text, message_id, problem = _screen(line.raw, policy, now)
         if text is None:
             refused.append(Refusal(line, message_id, problem or "refused"))
             continue
-        texts.append(text)
-        origins.append(line)
-    result = enqueue(declaration, queue, texts, now=now)
-    refused.extend(Refusal(origins[r.line - 1], r.message_id, r.error) for r in result.refused)
+        others.append((number, text))
+        texts[number] = text
+    result = land(declaration, queue, parsed, others, lambda number: texts.get(number, ""), now)
+    refused.extend(Refusal(line_of(r.line), r.message_id, r.error) for r in result.refused)
     refused.sort(key=lambda refusal: refusal.line.number)
-    return FileEnqueued(queue, len(lines), result.accepted, result.batch_id, tuple(refused))
+    return FileEnqueued(queue, len(numbers), result.accepted, result.batch_id, tuple(refused))
 
 
 def _screen(raw: bytes, policy: Policy, now: datetime) -> tuple[str | None, object, str | None]:

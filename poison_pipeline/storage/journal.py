@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from poison_pipeline.storage.tables import QueueTables
+
 State = Literal["planned", "staged", "done"]
 
 
@@ -28,6 +30,11 @@ class JournalEntry:
     batches: list[str] = field(default_factory=list)
     staging: str = ""
     summary: dict[str, float] = field(default_factory=dict)
+
+
+def journal_uri(tables: QueueTables, table: str) -> str:
+    """Where the journal of `table`'s cycles lives."""
+    return tables.work_uri("journal", f"{table}.json")
 
 
 def fs_of(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -1,0 +1,120 @@
+"""Enqueue of a JSON Lines file of envelopes (200-byte JSON bodies) into a fresh queue, against the floor.
+
+Data (not timed): `--messages` envelopes written as a JSON Lines file the way a producer writes them
+(`json.dumps`, one a line). Timed, each into a fresh lake, in this order:
+- `floor`: pyarrow's JSON reader over the file and one `write_deltalake` of what it read (same row
+  group size as the product): the fastest honest way to land those lines in a Delta table, with no
+  validation at all;
+- `python`: `storage.enqueue.enqueue(declaration, queue, path.read_text().splitlines())`;
+- `cli`: `poison-pipeline enqueue FILE --queue Q` in a subprocess (its interpreter start included).
+Prints one JSON line: msg/s of each, their ratios to the floor, the 200,000 msg/s target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.json as pj
+from deltalake import WriterProperties, write_deltalake
+
+sys.path.insert(0, os.path.dirname(__file__))
+import bench_handler  # noqa: E402
+from cycle_throughput import emit  # noqa: E402
+
+from poison_pipeline.domain.declaration import parse_declaration  # noqa: E402
+from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+
+QUEUE = "bench"
+TARGET = 200_000
+
+
+def write_envelopes(path: Path, messages: int, prefix: str = "m") -> None:
+    """`messages` envelopes whose JSON bodies are 200 bytes once compact, one a line."""
+    with path.open("w") as out:
+        for i in range(messages):
+            body = {"order": i, "sku": f"SKU-{i % 9973:05d}", "quantity": i % 17 + 1, "price": 12.5,
+                    "customer": f"C{i % 100_003:06d}", "note": ""}
+            compact = len(json.dumps(body, separators=(",", ":")))
+            body["note"] = "x" * (200 - compact)
+            out.write(json.dumps({"message_id": f"{prefix}-{i}", "message_type": "order", "body": body}) + "\n")
+
+
+def _config(folder: Path, name: str) -> Path:
+    config = folder / f"{name}.yaml"
+    config.write_text(json.dumps({"lake_root": str(folder / name), "queues": {QUEUE: {
+        "handler": bench_handler.HANDLER, "policy": {"max_retry_cycles": 1}}}}))
+    return config
+
+
+def _floor(source: Path, target: Path) -> float:
+    started = time.perf_counter()
+    table = pj.read_json(source)
+    write_deltalake(str(target), table, mode="append", writer_properties=WriterProperties(max_row_group_size=65_536))
+    return time.perf_counter() - started
+
+
+def _python(source: Path, folder: Path, messages: int) -> float:
+    declaration = parse_declaration(json.loads(_config(folder, "python").read_text()))
+    started = time.perf_counter()
+    result = enqueue(declaration, QUEUE, source.read_text().splitlines())
+    elapsed = time.perf_counter() - started
+    assert result.accepted == messages and not result.refused, (result.accepted, result.refused[:3])
+    return elapsed
+
+
+def _cli(source: Path, folder: Path, messages: int) -> float:
+    config = _config(folder, "cli")
+    command = [sys.executable, "-m", "poison_pipeline.cli", "--config", str(config), "enqueue", str(source),
+               "--queue", QUEUE]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 0 and f"enqueued {messages} of {messages}" in done.stdout, done.stderr[-2000:]
+    return elapsed
+
+
+def measure(messages: int) -> Any:
+    def compute(workdir: str) -> dict[str, Any]:
+        load_start = os.getloadavg()
+        folder = Path(workdir)
+        source = folder / "envelopes.jsonl"
+        write_envelopes(source, messages)
+        floor = _floor(source, folder / "floor")
+        python = _python(source, folder, messages)
+        cli = _cli(source, folder, messages)
+        rates = {name: round(messages / seconds) for name, seconds in
+                 (("floor", floor), ("python", python), ("cli", cli))}
+        return {
+            "benchmark": "enqueue_throughput",
+            "messages": messages,
+            "file_bytes": source.stat().st_size,
+            "seconds": {"floor": round(floor, 3), "python": round(python, 3), "cli": round(cli, 3)},
+            "msg_per_s": rates,
+            "ratio_to_floor": {"python": round(python / floor, 2), "cli": round(cli / floor, 2)},
+            "target_msg_per_s": TARGET,
+            "within_target": rates["python"] >= TARGET and rates["cli"] >= TARGET,
+            "cpus": os.cpu_count(),
+            "load_avg": {"start": load_start, "end": os.getloadavg()},
+        }
+    return compute
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true", help="50,000 messages (CI: asserts nothing about time)")
+    parser.add_argument("--workdir", help="keep the file and the lakes here")
+    args = parser.parse_args()
+    messages = 50_000 if args.quick else args.messages
+    return emit(measure(messages), args.workdir, "enqueue-throughput-")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

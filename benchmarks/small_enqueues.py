@@ -1,0 +1,118 @@
+"""The cycle after many small enqueues, with and without maintenance, against the cycle after one.
+
+Data (not timed as the measure): queue `big` gets one enqueue of `--enqueues * --size` messages;
+queue `small` gets `--enqueues` enqueues of `--size` messages each (10,000 of 10: 10,000 files and
+20,000 commits across inbound and intake), and is then copied as queue `tidy`. Timed, in a warm
+Spark session: the inbound cycle of `big`; that of `small` as it is; `maintain` of `tidy`
+(operations/maintenance.py, default retention) and then its cycle. Also reported: the mean time of
+the first and last hundred small enqueues (does an enqueue get slower as the log grows?) and the
+checkpoints delta-rs wrote by itself in the inbound's log. Target: tidy's cycle at most 1.5x big's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+# Spark's Python workers inherit PYTHONPATH from the JVM, which inherits it from this process: they
+# must import the benchmark's handler.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, str(HERE))
+
+import bench_handler  # noqa: E402
+from cycle_throughput import emit  # noqa: E402
+
+from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration  # noqa: E402
+from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
+from poison_pipeline.engine.session import build_session  # noqa: E402
+from poison_pipeline.operations.maintenance import maintain  # noqa: E402
+from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+
+TARGET_RATIO = 1.5
+POLICY = {"receive_retry_count": 1, "max_retry_cycles": 1, "receive_error_handling": "move"}
+
+
+def _records(first: int, count: int) -> list[dict[str, Any]]:
+    return [{"message_id": f"m-{i}", "message_type": "order",
+             "body": {"kind": "ok", "order_id": i, "pad": "x" * 160}} for i in range(first, first + count)]
+
+
+def _timed_cycle(spark: Any, declaration: Declaration, queue: str) -> float:
+    started = time.perf_counter()
+    report = run_cycle(spark, declaration, queue, "inbound", run_id=f"bench-{queue}")
+    elapsed = time.perf_counter() - started
+    assert report.counts["processed"] == report.counts["messages"] > 0, report.counts
+    return elapsed
+
+
+def measure(enqueues: int, size: int) -> Any:
+    def compute(workdir: str) -> dict[str, Any]:
+        load_start = os.getloadavg()
+        lake = Path(workdir) / "lake"
+        declaration = parse_declaration({"lake_root": str(lake), "queues": {
+            name: {"handler": bench_handler.HANDLER, "policy": POLICY} for name in ("big", "small", "tidy", "warmup")}})
+        total = enqueues * size
+        assert enqueue(declaration, "big", _records(0, total)).accepted == total
+        assert enqueue(declaration, "warmup", _records(0, 1000)).accepted == 1000
+        spent = []
+        for e in range(enqueues):
+            started = time.perf_counter()
+            assert enqueue(declaration, "small", _records(e * size, size)).accepted == size
+            spent.append(time.perf_counter() - started)
+        shutil.copytree(lake / "small", lake / "tidy")
+        checkpoints = len(list((lake / "small" / "inbound" / "_delta_log").glob("*.checkpoint*.parquet")))
+
+        spark = build_session(SparkSettings(config={"spark.ui.showConsoleProgress": "false"}))
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            run_cycle(spark, declaration, "warmup", "inbound", run_id="warmup")
+            big = _timed_cycle(spark, declaration, "big")
+            small = _timed_cycle(spark, declaration, "small")
+            started = time.perf_counter()
+            maintained = maintain(declaration, "tidy")
+            maintenance = time.perf_counter() - started
+            tidy = _timed_cycle(spark, declaration, "tidy")
+        finally:
+            spark.stop()
+        files = {t.table: [t.files_before, t.files_after] for t in maintained.tables if t.files_before > 1}
+        return {
+            "benchmark": "small_enqueues",
+            "enqueues": enqueues,
+            "size": size,
+            "seconds": {"cycle_after_one_enqueue": round(big, 2), "cycle_after_small_enqueues": round(small, 2),
+                        "maintenance": round(maintenance, 2), "cycle_after_maintenance": round(tidy, 2)},
+            "ratio_maintained": round(tidy / big, 2),
+            "ratio_without_maintenance": round(small / big, 2),
+            "target_ratio": TARGET_RATIO,
+            "within_target": tidy / big <= TARGET_RATIO,
+            "small_enqueue_ms": {"first_100": round(1000 * statistics.mean(spent[:100]), 1),
+                                 "last_100": round(1000 * statistics.mean(spent[-100:]), 1),
+                                 "mean": round(1000 * statistics.mean(spent), 1)},
+            "inbound_checkpoints_written_by_delta_rs": checkpoints,
+            "files_before_after_maintenance": files,
+            "cpus": os.cpu_count(),
+            "load_avg": {"start": load_start, "end": os.getloadavg()},
+        }
+    return compute
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--enqueues", type=int, default=10_000)
+    parser.add_argument("--size", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="500 enqueues of 10 (CI: asserts nothing about time)")
+    parser.add_argument("--workdir", help="keep the lakes here")
+    args = parser.parse_args()
+    enqueues = 500 if args.quick else args.enqueues
+    return emit(measure(enqueues, args.size), args.workdir, "small-enqueues-")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

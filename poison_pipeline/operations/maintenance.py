@@ -1,0 +1,128 @@
+"""`maintain`: compaction, checkpoints and vacuum of a queue's tables, under the queue's lease.
+
+Every enqueue adds a file and a commit to `inbound` (and to `intake`), every cycle adds some to the
+ledgers: a queue fed by many small enqueues makes its next cycle read thousands of files and a long
+log. Maintenance rewrites each table's small files into large ones (delta-rs `optimize.compact`;
+the inbound's batch lookup reads the batch ids of merged files, see `storage.tables`; a waiting
+table only when all its rows are due, or a due batch would wait for the others), writes a
+checkpoint so a reader starts from it instead of replaying the log, and vacuums the files no
+version within the retention still reads.
+
+The vacuum retention never breaks what reads old versions:
+- a cycle: maintenance holds the queue's lease, so none runs meanwhile; a table whose cycle was
+  interrupted (its journal not `done`) is neither compacted nor vacuumed until a cycle recovers it;
+- an undo: it reads the versions a redrive, edit or purge recorded (Delta time travel); every
+  version recorded by such an action not undone is kept (vacuum's `keep_versions`), however old;
+- dedup reads only the current files of the ledgers, which a vacuum never deletes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, WriterProperties
+
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.storage.journal import journal_uri, read_entry
+from poison_pipeline.storage.tables import ACTIONS, INTAKE, QueueTables
+
+# Delta's own default (delta.deletedFileRetentionDuration): readers of a version that old still work.
+DEFAULT_RETENTION = timedelta(days=7)
+# Actions an undo reverses by reading the version before them.
+_UNDOABLE = ("redrive", "edit", "purge")
+# As the product writes every table: row groups a Spark task each (see storage.tables).
+_WRITER = WriterProperties(max_row_group_size=65_536)
+
+
+@dataclass(frozen=True)
+class TableMaintenance:
+    table: str
+    files_before: int
+    files_after: int
+    version_before: int
+    version_after: int
+    vacuumed_files: int
+    skipped: str | None  # why the table was left as it was
+
+
+@dataclass(frozen=True)
+class Maintained:
+    queue: str
+    retention_hours: float | None  # None: not vacuumed
+    tables: tuple[TableMaintenance, ...]
+
+
+def maintain(declaration: Declaration, queue: str, *, vacuum: bool = True,
+             retention: timedelta = DEFAULT_RETENTION, run_id: str = "manual") -> Maintained:
+    """Compact, checkpoint and (unless `vacuum` is false) vacuum every existing table of `queue`."""
+    if retention < timedelta(0):
+        raise ValueError(f"retention: {retention} must not be negative")
+    tables = QueueTables.of(declaration, queue)
+    done: list[TableMaintenance] = []
+    with tables.lease("maintenance", run_id):
+        keep = _undo_versions(tables)
+        for table in (*tables.all_tables, INTAKE):
+            if tables.exists(table):
+                done.append(_maintain_table(tables, table, retention if vacuum else None, keep.get(table, [])))
+    return Maintained(queue, retention.total_seconds() / 3600 if vacuum else None, tuple(done))
+
+
+def _undo_versions(tables: QueueTables) -> dict[str, list[int]]:
+    """The versions of this queue's tables that an undo may still read: those recorded by every
+    redrive, edit or purge not undone."""
+    if not tables.exists(ACTIONS):
+        return {}
+    actions = tables.open(ACTIONS).to_pyarrow_table(columns=["kind", "state", "versions"])
+    undoable = actions.filter(pc.and_(pc.is_in(actions["kind"], pa.array(_UNDOABLE)),
+                                      pc.is_in(actions["state"], pa.array(["done", "planned"]))))
+    keep: dict[str, set[int]] = {}
+    for versions in undoable["versions"].to_pylist():
+        for name, pair in json.loads(versions or "{}").items():
+            queue, _, table = name.partition("/")
+            if queue == tables.queue:
+                keep.setdefault(table, set()).update(v for v in (pair or {}).values() if isinstance(v, int))
+    return {table: sorted(versions) for table, versions in keep.items()}
+
+
+def _maintain_table(tables: QueueTables, table: str, retention: timedelta | None,
+                    keep_versions: list[int]) -> TableMaintenance:
+    target = tables.open(table)
+    files_before, version_before = len(target.file_uris()), target.version()
+    entry = read_entry(journal_uri(tables, table)) if table in tables.waiting else None
+    if entry is not None and entry.state != "done":
+        return TableMaintenance(table, files_before, files_before, version_before, version_before, 0,
+                                f"its {entry.state} cycle {entry.seq} awaits recovery by the next cycle")
+    waiting = tables.stats(table, datetime.now(UTC)) if table in tables.waiting else None
+    # A file mixing a due batch with one not yet due holds the due one back (storage.tables): a
+    # waiting table is compacted only when every row in it is due.
+    if files_before > 1 and (waiting is None or waiting.due_rows == waiting.rows):
+        tables.check_lease()
+        target.optimize.compact(writer_properties=_WRITER)
+    tables.check_lease()
+    target.create_checkpoint()
+    vacuumed = 0
+    if retention is not None:
+        tables.check_lease()
+        vacuumed = len(target.vacuum(retention_hours=int(retention.total_seconds() // 3600), dry_run=False,
+                                     enforce_retention_duration=False, keep_versions=keep_versions))
+    target = DeltaTable(tables.uri(table), storage_options=tables.storage_options)
+    return TableMaintenance(table, files_before, len(target.file_uris()), version_before, target.version(),
+                            vacuumed, None)
+
+
+def format_maintained(result: Maintained) -> str:
+    vacuum = "not vacuumed" if result.retention_hours is None else f"vacuum retention {result.retention_hours:g} h"
+    lines = [f"queue {result.queue!r}: maintained {len(result.tables)} table(s); {vacuum}"]
+    for t in result.tables:
+        if t.skipped:
+            lines.append(f"  {t.table:<14} skipped: {t.skipped}")
+        else:
+            lines.append(f"  {t.table:<14} files {t.files_before} -> {t.files_after}, version "
+                         f"{t.version_before} -> {t.version_after}, vacuumed {t.vacuumed_files}")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,91 @@
+"""Maintenance compacts a queue fed by many small enqueues without changing what a cycle or an
+undo sees afterwards."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import yaml
+from dagster import DagsterInstance, DefaultScheduleStatus
+
+from poison_pipeline.cli import main
+from poison_pipeline.defs.build import build_definitions
+from poison_pipeline.defs.naming import maintenance_schedule_name
+from poison_pipeline.domain.declaration import load_declaration
+from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.checks import check_conservation
+from poison_pipeline.operations.maintenance import maintain
+from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.undo import undo
+from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.dagster_support import QUIET
+from poison_pipeline_tests.support import places, queue, rows, send
+
+POLICY = {"receive_retry_count": 0, "max_retry_cycles": 1, "retry_cycle_delay": 0, "receive_error_handling": "move"}
+
+
+def test_after_maintenance_a_cycle_takes_every_small_batch_once_and_an_undo_still_reads_old_versions(
+        spark, make_declaration):
+    declaration = make_declaration(queue(**POLICY))
+    tables = QueueTables.of(declaration, "q")
+    send(declaration, {"p": {"fail": True}, "ok": {}})
+    run_cycle(spark, declaration, "q", "inbound")
+    run_cycle(spark, declaration, "q", "retry_1")
+    assert places(declaration)["p"] == ["poison"]
+    purged = purge(declaration, "q", "poison", 0)
+    assert purged.purged == 1
+    for b in range(20):
+        send(declaration, {f"m{b}-{i}": {} for i in range(3)})
+    assert tables.stats("inbound", purged.cutoff).files == 20
+
+    result = maintain(declaration, "q", retention=timedelta(0))
+
+    by_table = {t.table: t for t in result.tables}
+    assert by_table["inbound"].files_after == 1 and by_table["intake"].files_after == 1
+    assert sum(t.vacuumed_files for t in result.tables) > 0
+    # The purge's versions kept their files: its undo brings the message back from time travel.
+    assert undo(declaration, purged.purge_id).restored == 1
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.counts["messages"] == 60 and rows(declaration, "inbound") == []
+    where = places(declaration)
+    assert all(where[f"m{b}-{i}"] == ["processed:processed"] for b in range(20) for i in range(3))
+    assert check_conservation(tables).passed
+
+
+def test_a_waiting_table_with_rows_not_yet_due_is_not_compacted(spark, make_declaration):
+    declaration = make_declaration(queue(**{**POLICY, "retry_cycle_delay": "1h"}))
+    for b in range(3):
+        send(declaration, {f"r{b}": {"fail_until_cycle": 1}})
+        run_cycle(spark, declaration, "q", "inbound")
+    before = QueueTables.of(declaration, "q").open("retry_1").file_uris()
+    by_table = {t.table: t for t in maintain(declaration, "q").tables}
+    assert by_table["retry_1"].files_after == by_table["retry_1"].files_before == len(before) == 3
+
+
+def test_maintain_from_the_command_line(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "poison_pipeline.yaml"
+    config.write_text(yaml.safe_dump({"lake_root": "lake", "queues": queue(**POLICY)}))
+    declaration = load_declaration(config)
+    for b in range(3):
+        send(declaration, {f"m{b}": {}})
+    assert main(["--config", str(config), "maintain", "q", "--no-vacuum", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    inbound = next(t for t in out["tables"] if t["table"] == "inbound")
+    assert (out["retention_hours"], inbound["files_before"], inbound["files_after"]) == (None, 3, 1)
+    assert main(["--config", str(config), "maintain", "q", "--retention", "soon"]) == 2
+    assert "'soon' is not a duration" in capsys.readouterr().err
+
+
+def test_the_maintenance_job_compacts_and_its_daily_schedule_starts_stopped(make_declaration) -> None:
+    declaration = make_declaration(queue(**POLICY))
+    for b in range(3):
+        send(declaration, {f"m{b}": {}})
+    defs = build_definitions(declaration)
+    schedule = {s.name: s for s in defs.get_repository_def().schedule_defs}[maintenance_schedule_name("q")]
+    assert schedule.default_status == DefaultScheduleStatus.STOPPED
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def(schedule.job_name).execute_in_process(instance=instance, run_config=QUIET)
+    assert result.success
+    assert len(QueueTables.of(declaration, "q").open("inbound").file_uris()) == 1

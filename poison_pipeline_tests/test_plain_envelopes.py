@@ -1,0 +1,155 @@
+"""The vectorised enqueue path agrees with `parse_envelope` on every line it vouches for, and a file
+enqueued through it lands and refuses exactly as the per-record path alone would."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
+from poison_pipeline.operations.enqueue import _screen, enqueue_data
+from poison_pipeline.storage.enqueue import Parsed, envelope_table, land
+from poison_pipeline.storage.plain_envelopes import plain_envelopes, printable
+from poison_pipeline_tests.support import queue, rows
+
+NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
+TTL = timedelta(hours=1)
+
+_SCALARS: list[Any] = [0, 1, -1, -0.0, 1.5, 1.0, 1.50, 0.1, 1e-05, 0.0001, 12345678.5, 1e16, 1e100,
+                       0.123456789, 10**25, True, False, None, "", "x", "a b", 'q"uote', "back\\slash",
+                       "tab\t", "new\nline", "slash/", "caf\u00e9", "\u2603", "\U0001f600", "NaN"]
+_TIMES = ["2026-01-01T00:00:00", "2026-01-01T00:00:00Z", "2026-01-01 10:30:00.5+02:00",
+          "2026-01-01T00:00:00.123456-05:30", "2026-02-30T00:00:00Z", "2026-01-01T24:00:00",
+          "2026-01-01", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59", "tomorrow", 5, None,
+          "2026-01-01T00:00:00.1234567Z", "2026-13-01T00:00:00"]
+_NUMBER_SPELLINGS = ["1", "-0", "0.0", "1.10", "1E5", "1e-7", "0.00001", "123456789012345678901",
+                     "3.25", "-2.5", "NaN", "Infinity"]
+
+
+def _value(rng: random.Random, depth: int = 0) -> Any:
+    roll = rng.random()
+    if depth == 0 and roll < 0.6:
+        return {"a": _value(rng, 1), "b": [_value(rng, 2)]}
+    if depth < 3 and roll < 0.25:
+        return {rng.choice(["a", "b", "body", "k y", "n"]): _value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    if depth < 3 and roll < 0.35:
+        return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return rng.choice(_SCALARS)
+
+
+def _pick(rng: random.Random, usual: list[Any], odd: list[Any]) -> Any:
+    return rng.choice(usual) if rng.random() < 0.9 else rng.choice(odd)
+
+
+def _envelope(rng: random.Random, n: int) -> dict[str, Any]:
+    record: dict[str, Any] = {"message_id": _pick(rng, [f"m-{n}", f"m-{n % 500}"], ["", None, 5, "x" * 257]),
+                              "message_type": _pick(rng, ["t", "order", "y" * 256], ["", "y" * 257])}
+    if rng.random() < 0.85:
+        record["body"] = _pick(rng, [_value(rng), {"order": n, "lines": [1, 2.5], "note": "ok"}],
+                               ["plain text", "<a/>", None, 7, {"big": "z" * 300}])
+    if rng.random() < 0.3:
+        record["encoding"] = rng.choice(["json", "text", "empty", "xml", "binary", "", "yaml", None])
+    if rng.random() < 0.05:
+        record["body_base64"] = rng.choice(["AP8=", "!!", None])
+    for name in ("conversation_id", "sender"):
+        if rng.random() < 0.2:
+            record[name] = rng.choice(["c", "", None, 3, "z" * 257])
+    if rng.random() < 0.2:
+        record["sequence_number"] = rng.choice([1, 0, -4, 1.0, True, "2", None, 2**70])
+    for name in ("enqueued_at", "expires_at"):
+        if rng.random() < 0.2:
+            record[name] = rng.choice(_TIMES)
+    if rng.random() < 0.1:
+        record["headers"] = rng.choice([{}, None, {"k": "v"}, {"k": 1}, [], ""])
+    if rng.random() < 0.03:
+        record["colour"] = "red"
+    keys = list(record)
+    rng.shuffle(keys)
+    if "body" in keys and rng.random() < 0.6:  # where most producers put it
+        keys.append(keys.pop(keys.index("body")))
+    return {key: record[key] for key in keys}
+
+
+def _spell(rng: random.Random, record: dict[str, Any]) -> str:
+    style = rng.random()
+    if style < 0.4:
+        text = json.dumps(record)
+    elif style < 0.6:
+        text = json.dumps(record, separators=(",", ":"))
+    elif style < 0.75:
+        text = json.dumps(record, ensure_ascii=False)
+    elif style < 0.85:
+        text = "  " + json.dumps(record, separators=(" , ", " : ")) + " \r"
+    else:
+        text = json.dumps(record)
+        spelling = rng.choice(_NUMBER_SPELLINGS)
+        text = text.replace("1.5", spelling, 1) if "1.5" in text else text.replace('"ok"', spelling, 1)
+    if rng.random() < 0.03:
+        text = text.replace('"message_type"', '"message_type": "dup", "message_type"', 1)
+    if rng.random() < 0.03:
+        text = text[:-1] + ', "body": 1}'
+    if rng.random() < 0.02:
+        text = text.replace("a", "\\u0061", 1)
+    if rng.random() < 0.02:
+        text = text[: rng.randint(1, len(text))]
+    return text
+
+
+def _lines(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [_spell(rng, _envelope(rng, n)) for n in range(count)]
+
+
+def test_every_line_the_vectorised_path_reads_is_read_the_same_by_parse_envelope() -> None:
+    texts = _lines(6000, seed=7)
+    array = pa.array(texts, pa.large_string())
+    candidates = [i for i, ok in enumerate(printable(array)) if ok]
+    mask, envelopes = plain_envelopes(array.take(candidates), NOW, TTL, 300)
+    read = [candidates[i] for i, ok in enumerate(mask) if ok]
+    assert len(read) > 400, "the generated lines should exercise the vectorised path"
+    assert len(read) < len(texts) - 1000, "and leave many lines to the per-record path"
+    expected = []
+    for i in read:
+        try:
+            expected.append(parse_envelope(json.loads(texts[i]), NOW, TTL, 300))
+        except (EnvelopeError, ValueError) as error:
+            raise AssertionError(f"read {texts[i]!r}, which parse_envelope refuses: {error}") from None
+    got, want = envelopes.to_pylist(), envelope_table(expected).to_pylist()
+    for i, g, w in zip(read, got, want, strict=True):
+        assert g == w, texts[i]
+
+
+def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration) -> None:
+    texts = _lines(3000, seed=11)
+    data = ("\n".join(texts[:1500]) + "\n\n  \n" + "\n".join(texts[1500:])).encode("utf-8", "surrogatepass")
+    spec = queue(time_to_live="1h", max_body_bytes=300)["q"]
+    declaration = make_declaration({"q": spec, "r": spec})
+    result = enqueue_data(declaration, "q", data, now=NOW)
+
+    # The per-record path alone, as `enqueue_lines` ran before the vectorised path existed.
+    policy = declaration.queue("r").policy
+    screened, others = [], []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if raw.strip():
+            text, message_id, problem = _screen(raw, policy, NOW)
+            if text is None:
+                screened.append((number, message_id, problem))
+            else:
+                others.append((number, text))
+    baseline = land(declaration, "r", Parsed.none(), others, lambda n: "", NOW)
+
+    assert result.lines == len(screened) + len(others)
+    assert result.accepted == baseline.accepted > 500
+    assert [(r.line.number, r.message_id, r.error) for r in result.refused] == \
+        sorted(screened + [(r.line, r.message_id, r.error) for r in baseline.refused])
+    assert any("appears twice" in r.error for r in result.refused)
+
+    def landed(name: str) -> list[dict[str, Any]]:
+        return sorted(({k: v for k, v in row.items() if k != "batch_id"} for row in rows(declaration, "inbound", name)),
+                      key=lambda row: row["message_id"])
+
+    assert landed("q") == landed("r")
