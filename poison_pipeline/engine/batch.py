@@ -38,6 +38,10 @@ from poison_pipeline.handlers import batch_size
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.inflight import Marker
 
+# The batch column in which a big cycle marks its duplicates (engine/dedup.py), instead of their ids
+# in the spec: nothing per message is collected on the driver.
+DUPLICATE_COLUMN = "_duplicate"
+
 
 @dataclass(frozen=True)
 class Blocked:
@@ -112,6 +116,9 @@ class _Rows:
         self.expires = _timestamps(batch.column("expires_at"))
         expired = pc.less_equal(batch.column("expires_at"), pa.scalar(now, schemas.TS))
         self.expired: list[bool] = pc.fill_null(expired, False).to_pylist()
+        # A big cycle marks its duplicates in a column instead of sending their ids in the spec.
+        marked = batch.schema.get_field_index(DUPLICATE_COLUMN)
+        self.duplicate: list[bool] | None = batch.column(marked).to_pylist() if marked >= 0 else None
 
     def envelope(self, i: int) -> Envelope:
         c = self.columns
@@ -202,9 +209,10 @@ class Processor:
         spec, c = self.spec, rows.columns
         conversation = c["conversation_id"][i]
         # Most messages are neither expired, duplicates, nor of an ended conversation: test cheaply.
-        if rows.expired[i] or self.screening:
+        marked = rows.duplicate is not None and rows.duplicate[i]
+        if rows.expired[i] or self.screening or marked:
             message_id = c["message_id"][i]
-            duplicate = message_id in spec.seen or (message_id, c["batch_id"][i]) in spec.losers
+            duplicate = marked or message_id in spec.seen or (message_id, c["batch_id"][i]) in spec.losers
             early = route_before_delivery(rows.expired[i], duplicate, conversation in spec.ended)
             if early is not None:
                 return early, None, False

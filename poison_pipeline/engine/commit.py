@@ -20,6 +20,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.errors import NO_VALUE, group_id, group_key
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, POISON, PROCESSED, QUARANTINE, STAY, Disposition
 from poison_pipeline.engine.changes import decode_sent
+from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_commit
 from poison_pipeline.storage.journal import JournalEntry
@@ -63,8 +64,8 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
     for destination in sorted(destinations):
         rows = staged.to_table(filter=pc.field("destination") == destination)
         if destination == PROCESSED:
-            commit(PROCESSED, schemas.project(rows, schemas.PROCESSED, from_table=entry.table, at=now,
-                                    date=now.date().isoformat(), cycle_seq=entry.seq))
+            commit(PROCESSED, schemas.project(_hashed(rows), schemas.PROCESSED, from_table=entry.table, at=now,
+                                              date=now.date().isoformat(), cycle_seq=entry.seq))
         elif destination == DEAD_LETTER:
             commit(DEAD_LETTER, schemas.project(rows, schemas.DEAD_LETTER, from_table=entry.table,
                                       dead_lettered_at=now))
@@ -92,6 +93,14 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
     counts["messages"] = summary.num_rows
     counts["attempts"] = attempts.num_rows
     return counts
+
+
+def _hashed(rows: pa.Table) -> pa.Table:
+    """Rows with their id hash: staged before the ledger kept it (a cycle recovered across an
+    upgrade), they are hashed here."""
+    if HASH_COLUMN in rows.column_names:
+        return rows
+    return rows.append_column(HASH_COLUMN, id_hashes(rows["message_id"].to_pylist()))
 
 
 def _sent_rows(staged: pads.Dataset, queue: str, entry: JournalEntry, now: datetime,

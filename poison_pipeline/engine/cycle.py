@@ -7,7 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+import pyarrow as pa
+import pyarrow.dataset as pads
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.broker.conversations import (
@@ -22,7 +25,7 @@ from poison_pipeline.domain.policy import Ordering
 from poison_pipeline.domain.routing import PROCESSED, cycle_number
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.engine.commit import apply_staged, end_failed_conversations
-from poison_pipeline.engine.dedup import find_duplicates
+from poison_pipeline.engine.dedup import HASH_COLUMN, SMALL_BATCH, Duplicates, Ledger, find_duplicates, mark_duplicates
 from poison_pipeline.engine.ordering import blocked_conversations, in_conversation_order
 from poison_pipeline.operations.interrupted import Completed, complete_interrupted
 from poison_pipeline.storage import schemas
@@ -30,7 +33,7 @@ from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.inflight import culprits
 from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.lease import Holder, Lease
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import QueueTables, TableStats
 
 
 @dataclass
@@ -85,7 +88,9 @@ def _stage(batch: DataFrame, spec: CycleSpec, staging: str, inflight: str) -> in
     while True:
         run = replace(spec, inflight=inflight if careful else None, crashed=dict(crashed))
         try:
-            batch.mapInArrow(Processor(run), from_arrow_schema(schemas.RESULT)).write.mode("overwrite").parquet(staging)
+            staged = batch.mapInArrow(Processor(run), from_arrow_schema(schemas.RESULT))
+            # Hashed in the JVM for the processed ledger, where the next cycles' dedup reads it.
+            staged.withColumn(HASH_COLUMN, F.xxhash64("message_id")).write.mode("overwrite").parquet(staging)
             return deaths
         except Exception as error:
             if not _worker_died(error):
@@ -100,6 +105,15 @@ def _stage(batch: DataFrame, spec: CycleSpec, staging: str, inflight: str) -> in
                 raise
             for message_id in found:
                 crashed[message_id] = crashed.get(message_id, 0) + 1
+
+
+def _due_ids(tables: QueueTables, table: str, stats: TableStats) -> pa.Table:
+    """The id columns of a small cycle's due messages, read on the driver from its due files."""
+    target = tables.open(table).to_pyarrow_dataset()
+    root = tables.uri(table) + "/"
+    paths = [uri.removeprefix(root) for uri in stats.due_files]
+    due = pads.dataset(paths, schema=target.schema, format=target.format, filesystem=target.filesystem)
+    return due.to_table(columns=["message_id", "batch_id", "enqueued_at"])
 
 
 def run_cycle(
@@ -163,8 +177,12 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
     batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
     ordered = queue_decl.policy.ordering is Ordering.CONVERSATION
     window_start = (now - queue_decl.policy.dedup_window).date().isoformat()
-    ledger = tables.open(PROCESSED).file_uris(file_pruning_predicate=[("date", ">=", window_start)])
-    duplicates = find_duplicates(spark, batch, ledger)
+    ledger = Ledger.within(tables.open(PROCESSED), window_start)
+    if stats.due_rows <= SMALL_BATCH:
+        duplicates = find_duplicates(_due_ids(tables, table, stats), ledger)
+    else:
+        duplicates = Duplicates(frozenset(), frozenset())
+        batch = mark_duplicates(spark, batch, ledger)
     spec = CycleSpec(
         queue=queue,
         table=table,
