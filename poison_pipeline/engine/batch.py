@@ -38,9 +38,12 @@ from poison_pipeline.handlers import batch_size
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.inflight import Marker
 
-# The batch column in which a big cycle marks its duplicates (engine/dedup.py), instead of their ids
-# in the spec: nothing per message is collected on the driver.
+# The batch columns in which a big cycle marks its duplicates, messages of ended conversations and
+# conversations waiting elsewhere (engine/dedup.py, engine/screening.py) instead of sets in the spec:
+# nothing per message is collected on the driver.
 DUPLICATE_COLUMN = "_duplicate"
+ENDED_COLUMN = "_ended"
+BLOCKED_COLUMNS = ("_blocked_table", "_blocked_sequence", "_blocked_due")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,11 @@ _PLAIN_COLUMNS = [
 ]
 
 
+def _optional(batch: pa.RecordBatch, name: str) -> list[Any] | None:
+    index = batch.schema.get_field_index(name)
+    return batch.column(index).to_pylist() if index >= 0 else None
+
+
 class _Rows:
     """The columns of one Arrow batch a cycle reads, as Python values."""
 
@@ -116,9 +124,14 @@ class _Rows:
         self.expires = _timestamps(batch.column("expires_at"))
         expired = pc.less_equal(batch.column("expires_at"), pa.scalar(now, schemas.TS))
         self.expired: list[bool] = pc.fill_null(expired, False).to_pylist()
-        # A big cycle marks its duplicates in a column instead of sending their ids in the spec.
-        marked = batch.schema.get_field_index(DUPLICATE_COLUMN)
-        self.duplicate: list[bool] | None = batch.column(marked).to_pylist() if marked >= 0 else None
+        self.duplicate = _optional(batch, DUPLICATE_COLUMN)
+        self.ended = _optional(batch, ENDED_COLUMN)
+        self.blocked: dict[str, Blocked] | None = None
+        tables = _optional(batch, BLOCKED_COLUMNS[0])
+        if tables is not None:
+            heads = zip(self.columns["conversation_id"], tables, batch.column(BLOCKED_COLUMNS[1]).to_pylist(),
+                        _timestamps(batch.column(BLOCKED_COLUMNS[2])), strict=True)
+            self.blocked = {c: Blocked(t, n, d) for c, t, n, d in heads if t is not None}  # type: ignore[arg-type]
 
     def envelope(self, i: int) -> Envelope:
         c = self.columns
@@ -209,11 +222,12 @@ class Processor:
         spec, c = self.spec, rows.columns
         conversation = c["conversation_id"][i]
         # Most messages are neither expired, duplicates, nor of an ended conversation: test cheaply.
-        marked = rows.duplicate is not None and rows.duplicate[i]
-        if rows.expired[i] or self.screening or marked:
+        duplicate = rows.duplicate is not None and rows.duplicate[i]
+        ended = rows.ended is not None and rows.ended[i]
+        if rows.expired[i] or self.screening or duplicate or ended:
             message_id = c["message_id"][i]
-            duplicate = marked or message_id in spec.seen or (message_id, c["batch_id"][i]) in spec.losers
-            early = route_before_delivery(rows.expired[i], duplicate, conversation in spec.ended)
+            duplicate = duplicate or message_id in spec.seen or (message_id, c["batch_id"][i]) in spec.losers
+            early = route_before_delivery(rows.expired[i], duplicate, ended or conversation in spec.ended)
             if early is not None:
                 return early, None, False
         if self.tripped:
@@ -223,7 +237,7 @@ class Processor:
         if self.ordered and conversation is not None and sequence is not None:
             if self.holding is not None and self.holding[0] == conversation:
                 return route_held(self.holding[1]), None, True
-            blocked = spec.blocked.get(conversation)
+            blocked = (spec.blocked if rows.blocked is None else rows.blocked).get(conversation)
             if blocked is not None and blocked.sequence_number < sequence:
                 route = route_joined(blocked.table, self.waiting_order, spec.table)
                 due = blocked.due_at if route.destination != STAY else spec.now + spec.policy.retry_cycle_delay

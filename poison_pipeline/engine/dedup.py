@@ -17,13 +17,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import xxhash
-from deltalake import DeltaTable
+from deltalake.fs import DeltaStorageHandler
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from poison_pipeline.domain.routing import Disposition
+from poison_pipeline.domain.routing import PROCESSED, Disposition
 from poison_pipeline.engine.batch import DUPLICATE_COLUMN
+from poison_pipeline.storage.tables import QueueTables
 
 HASH_COLUMN = "id_hash"
 # Spark's xxhash64 seed: the driver's hashes must equal those Spark writes.
@@ -46,21 +48,36 @@ def id_hashes(ids: Iterable[str | None]) -> pa.Array:
     return pa.array([None if i is None else id_hash(i) for i in ids], pa.int64())
 
 
+def files_dataset(tables: QueueTables, table: str, paths: list[str], schema: pa.Schema,
+                  sizes: dict[str, int] | None = None) -> pads.Dataset:
+    """Files of a table (paths relative to it, as its log lists them) as a pyarrow dataset of
+    `schema`; columns a file lacks read as null. delta-rs's own dataset would first turn every
+    file's statistics into a partition expression, which costs more than the read itself."""
+    files = pafs.PyFileSystem(DeltaStorageHandler(tables.uri(table), tables.storage_options, sizes))
+    return pads.dataset(paths, schema=schema, format="parquet", filesystem=files)
+
+
+# What dedup reads of the ledger.
+_LEDGER = pa.schema([pa.field("message_id", pa.string()), pa.field("disposition", pa.string()),
+                     pa.field(HASH_COLUMN, pa.int64())])
+
+
 @dataclass(frozen=True)
 class Ledger:
     """The processed ledger's files within the dedup window, by how they are probed."""
 
-    target: DeltaTable
+    tables: QueueTables
     # Files whose every row has its id hash, and files compared by id (written before the hash).
     hashed: tuple[str, ...]
     legacy: tuple[str, ...]
+    sizes: dict[str, int]
 
     @classmethod
-    def within(cls, target: DeltaTable, window_start: str) -> Ledger:
+    def within(cls, tables: QueueTables, window_start: str) -> Ledger:
         """The files of partitions `date >= window_start`, from the Delta log alone."""
-        actions = pa.table(target.get_add_actions(flatten=True))
+        actions = pa.table(tables.open(PROCESSED).get_add_actions(flatten=True))
         if actions.num_rows == 0:
-            return cls(target, (), ())
+            return cls(tables, (), (), {})
         actions = actions.filter(pc.greater_equal(actions["partition.date"], window_start))
         nulls = f"null_count.{HASH_COLUMN}"
         # No statistic for the column: a file written before it existed (its rows read as null).
@@ -68,16 +85,15 @@ class Ledger:
                   else pa.array([False] * actions.num_rows))
         hashed = pc.fill_null(hashed, False)
         paths = actions["path"]
-        return cls(target, tuple(paths.filter(hashed).to_pylist()),
-                   tuple(paths.filter(pc.invert(hashed)).to_pylist()))
+        sizes = dict(zip(paths.to_pylist(), actions["size_bytes"].to_pylist(), strict=True))
+        return cls(tables, tuple(paths.filter(hashed).to_pylist()),
+                   tuple(paths.filter(pc.invert(hashed)).to_pylist()), sizes)
 
     def dataset(self, paths: Iterable[str]) -> pads.Dataset:
-        whole = self.target.to_pyarrow_dataset()
-        return pads.dataset(list(paths), schema=whole.schema, format=whole.format, filesystem=whole.filesystem)
+        return files_dataset(self.tables, PROCESSED, list(paths), _LEDGER, self.sizes)
 
     def uris(self, paths: Iterable[str]) -> list[str]:
-        root = self.target.table_uri.rstrip("/")
-        return [f"{root}/{path}" for path in paths]
+        return [f"{self.tables.uri(PROCESSED)}/{path}" for path in paths]
 
 
 @dataclass(frozen=True)
