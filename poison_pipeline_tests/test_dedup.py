@@ -1,5 +1,6 @@
-"""Exact dedup against the processed ledger's id hashes, on both paths: a small batch probed on the
-driver, a big one in Spark (engine/dedup.py)."""
+"""Screening a cycle's messages on both paths, a small batch on the driver and a big one in Spark:
+exact dedup against the processed ledger's id hashes (engine/dedup.py), ended conversations and
+conversations waiting in another table."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from poison_pipeline.broker.conversations import end_conversation
 from poison_pipeline.domain.routing import PROCESSED
 from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.engine.dedup import id_hash
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.recording_handlers import read_lines
 from poison_pipeline_tests.support import attempts_of, places, queue, rows, send
+from poison_pipeline_tests.test_ordering import msg, ordered_queue, put
 
 # Written by the ledger before it kept id hashes.
 OLD_PROCESSED = pa.schema([f for f in schemas.PROCESSED if f.name != "id_hash"])
@@ -83,3 +87,21 @@ def test_an_id_whose_hash_collides_with_a_processed_one_is_delivered(spark, make
     assert report.counts == {**report.counts, "duplicate": 1, "processed": 1}
     assert len(attempts_of(declaration, "c")) == 1 and len(attempts_of(declaration, "a")) == 1
     assert sorted(places(declaration)["c"]) == ["processed:processed"]
+
+
+def test_ended_and_blocked_conversations_are_screened_on_both_paths(spark, make_declaration, tmp_path, path):
+    declaration = make_declaration(ordered_queue(retry_cycle_delay="1h"))
+    log = tmp_path / "deliveries.jsonl"
+    put(declaration, [msg("j1", "j", 1, log, fail_until_cycle=1)])
+    run_cycle(spark, declaration, "q", "inbound")
+    [waiting] = rows(declaration, "retry_1")
+    end_conversation(declaration, "q", "e", 7, "cancelled", actor="test")
+
+    put(declaration, [msg("j2", "j", 2, log), msg("e1", "e", 1, log), msg("k1", "k", 1, log)])
+    report = run_cycle(spark, declaration, "q", "inbound")
+
+    assert report.counts == {"processed": 1, "moved": 1, "ended": 1, "messages": 3, "attempts": 1}
+    joined = {r["message_id"]: r["due_at"] for r in rows(declaration, "retry_1")}
+    assert joined == {"j1": waiting["due_at"], "j2": waiting["due_at"]}
+    assert [(r["message_id"], r["reason"]) for r in rows(declaration, "dead_letter")] == [("e1", "conversation_ended")]
+    assert {line["id"] for line in read_lines(log)} == {"j1", "k1"}

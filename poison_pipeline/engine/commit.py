@@ -32,6 +32,17 @@ def _staged(entry: JournalEntry) -> pads.Dataset:
     return pads.dataset(entry.staging, format="parquet")
 
 
+def _batches(staged: pads.Dataset, columns: list[str],
+             where: pads.Expression | None = None) -> Iterator[pa.RecordBatch]:
+    """The staged rows in batches, read ahead little: pyarrow's default read-ahead (16 batches of
+    128k rows) would hold millions of rows, bodies included, for a big cycle."""
+    return staged.to_batches(columns=columns, filter=where, batch_size=_BATCH_ROWS, batch_readahead=2,
+                             fragment_readahead=1)
+
+
+_BATCH_ROWS = 65_536
+
+
 class _Stream:
     """Record batches streamed into one commit, counted as they pass: the driver never holds a
     cycle's staged rows, whatever the batch size."""
@@ -66,7 +77,7 @@ class _Stream:
 
 
 def _attempt_rows(staged: pads.Dataset, entry: JournalEntry, cycle: int, now: datetime) -> Iterator[pa.RecordBatch]:
-    for batch in staged.to_batches(columns=["message_id", "attempts"]):
+    for batch in _batches(staged, ["message_id", "attempts"]):
         flat = pc.list_flatten(batch["attempts"])
         ids = pc.take(batch["message_id"], pc.list_parent_indices(batch["attempts"]))
         attempts = pa.Table.from_struct_array(flat) if len(flat) else None
@@ -78,16 +89,18 @@ def _attempt_rows(staged: pads.Dataset, entry: JournalEntry, cycle: int, now: da
         yield from built.to_batches()
 
 
-def _projected(staged: pads.Dataset, destination: str,
+def _projected(staged: pads.Dataset, destination: str, schema: pa.Schema,
                build: Callable[[pa.Table], pa.Table]) -> Iterator[pa.RecordBatch]:
-    for batch in staged.to_batches(filter=pc.field("destination") == destination):
+    # Only the columns the target keeps: the staged bodies of processed messages stay unread.
+    columns = [name for name in staged.schema.names if name in schema.names or name == HASH_COLUMN]
+    for batch in _batches(staged, columns, pc.field("destination") == destination):
         yield from build(pa.Table.from_batches([batch])).to_batches()
 
 
 def _summary(staged: pads.Dataset) -> Counter[tuple[str, str]]:
     """How many staged messages go to each (destination, disposition)."""
     counted: Counter[tuple[str, str]] = Counter()
-    for batch in staged.to_batches(columns=["destination", "disposition"]):
+    for batch in _batches(staged, ["destination", "disposition"]):
         groups = pa.Table.from_batches([batch]).group_by(["destination", "disposition"], use_threads=False)
         for row in groups.aggregate([([], "count_all")]).to_pylist():
             counted[(row["destination"], row["disposition"])] += row["count_all"]
@@ -125,7 +138,8 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
     for destination in sorted(destinations):
         build = builders.get(destination, lambda rows: schemas.project(rows, schemas.MESSAGE))
         target = entry.table if destination == STAY else destination
-        commit_stream(target, _Stream(schema_of(target), _projected(staged, destination, build)))
+        schema = schema_of(target)
+        commit_stream(target, _Stream(schema, _projected(staged, destination, schema, build)))
     commit(TRANSMISSION, _sent_rows(staged, tables.queue, entry, now, contracts or {}))
     dispositions = {disposition for _, disposition in summary}
     # Each of these reads the staged data again: only when the cycle had such messages at all.
