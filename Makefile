@@ -32,6 +32,8 @@ ui: java $(STAMP)
 
 bench: java $(STAMP)
 	$(BIN)/python benchmarks/cycle_throughput.py
+	$(BIN)/python benchmarks/history_cost.py
+	$(BIN)/python benchmarks/driver_memory.py
 
 clean:
 	rm -rf $(VENV) lake demo_lake .dagster_home *.egg-info
