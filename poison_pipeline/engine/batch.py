@@ -38,6 +38,13 @@ from poison_pipeline.handlers import batch_size
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.inflight import Marker
 
+# The batch columns in which a big cycle marks its duplicates, messages of ended conversations and
+# conversations waiting elsewhere (engine/dedup.py, engine/screening.py) instead of sets in the spec:
+# nothing per message is collected on the driver.
+DUPLICATE_COLUMN = "_duplicate"
+ENDED_COLUMN = "_ended"
+BLOCKED_COLUMNS = ("_blocked_table", "_blocked_sequence", "_blocked_due")
+
 
 @dataclass(frozen=True)
 class Blocked:
@@ -104,6 +111,11 @@ _PLAIN_COLUMNS = [
 ]
 
 
+def _optional(batch: pa.RecordBatch, name: str) -> list[Any] | None:
+    index = batch.schema.get_field_index(name)
+    return batch.column(index).to_pylist() if index >= 0 else None
+
+
 class _Rows:
     """The columns of one Arrow batch a cycle reads, as Python values."""
 
@@ -119,6 +131,14 @@ class _Rows:
             c["message_id"], c["conversation_id"], c["sequence_number"])
         self.abort_count, self.total_abort_count = c["abort_count"], c["total_abort_count"]
         self.move_count, self.redrive_count = c["move_count"], c["redrive_count"]
+        self.duplicate = _optional(batch, DUPLICATE_COLUMN)
+        self.ended = _optional(batch, ENDED_COLUMN)
+        self.blocked: dict[str, Blocked] | None = None
+        tables = _optional(batch, BLOCKED_COLUMNS[0])
+        if tables is not None:
+            heads = zip(self.columns["conversation_id"], tables, batch.column(BLOCKED_COLUMNS[1]).to_pylist(),
+                        python_timestamps(batch.column(BLOCKED_COLUMNS[2])), strict=True)
+            self.blocked = {c: Blocked(t, n, d) for c, t, n, d in heads if t is not None}  # type: ignore[arg-type]
 
     def envelope(self, i: int) -> Envelope:
         c = self.columns
@@ -180,7 +200,8 @@ class Processor:
         deliverable: list[int] = []
         # Without screening, ordering or a batch handler, a message that is not expired is delivered
         # at once until an outage trips (what `_early` would decide, without asking it each time).
-        direct = not (self.screening or self.ordered or self.batch_size) and self.handler is not None
+        screened = any(rows.duplicate or ()) or any(rows.ended or ())
+        direct = not (self.screening or screened or self.ordered or self.batch_size) and self.handler is not None
         expired = rows.expired
         for i in range(batch.num_rows):
             if direct and not expired[i] and not self.tripped:
@@ -209,10 +230,12 @@ class Processor:
         spec = self.spec
         conversation = rows.conversation_id[i]
         # Most messages are neither expired, duplicates, nor of an ended conversation: test cheaply.
-        if rows.expired[i] or self.screening:
+        duplicate = rows.duplicate is not None and rows.duplicate[i]
+        ended = rows.ended is not None and rows.ended[i]
+        if rows.expired[i] or self.screening or duplicate or ended:
             message_id = rows.message_id[i]
-            duplicate = message_id in spec.seen or (message_id, rows.columns["batch_id"][i]) in spec.losers
-            early = route_before_delivery(rows.expired[i], duplicate, conversation in spec.ended)
+            duplicate = duplicate or message_id in spec.seen or (message_id, rows.columns["batch_id"][i]) in spec.losers
+            early = route_before_delivery(rows.expired[i], duplicate, ended or conversation in spec.ended)
             if early is not None:
                 return early, None, False
         if self.tripped:
@@ -222,7 +245,7 @@ class Processor:
         if self.ordered and conversation is not None and sequence is not None:
             if self.holding is not None and self.holding[0] == conversation:
                 return route_held(self.holding[1]), None, True
-            blocked = spec.blocked.get(conversation)
+            blocked = (spec.blocked if rows.blocked is None else rows.blocked).get(conversation)
             if blocked is not None and blocked.sequence_number < sequence:
                 route = route_joined(blocked.table, self.waiting_order, spec.table)
                 due = blocked.due_at if route.destination != STAY else spec.now + spec.policy.retry_cycle_delay

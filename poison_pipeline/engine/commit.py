@@ -7,6 +7,7 @@ already committed; the source batches are removed last, by a delete that a repla
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
 import pyarrow as pa
@@ -20,28 +21,90 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.errors import NO_VALUE, group_id, group_key
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, POISON, PROCESSED, QUARANTINE, STAY, Disposition
 from poison_pipeline.engine.changes import decode_sent
+from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_commit
 from poison_pipeline.storage.journal import JournalEntry
-from poison_pipeline.storage.tables import ATTEMPTS, EVENTS, NOTIFICATIONS, TRANSMISSION, QueueTables
+from poison_pipeline.storage.tables import ATTEMPTS, EVENTS, NOTIFICATIONS, TRANSMISSION, QueueTables, schema_of
 
 
 def _staged(entry: JournalEntry) -> pads.Dataset:
     return pads.dataset(entry.staging, format="parquet")
 
 
-def _attempt_rows(staged: pads.Dataset, entry: JournalEntry, cycle: int, now: datetime) -> pa.Table:
-    table = staged.to_table(columns=["message_id", "attempts"])
-    flat = pc.list_flatten(table["attempts"])
-    parents = pc.list_parent_indices(table["attempts"])
-    ids = pc.take(table["message_id"], parents)
-    attempts = pa.Table.from_struct_array(flat) if len(flat) else None
-    columns: dict[str, pa.Array] = {"message_id": ids}
-    for field in schemas.ATTEMPT_FIELDS:
-        columns[field.name] = attempts.column(field.name) if attempts else pa.array([], field.type)
-    built = pa.table(columns)
-    return schemas.project(built, schemas.ATTEMPTS, table=entry.table, cycle=cycle, run_id=entry.run_id,
-                 cycle_seq=entry.seq, date=now.date().isoformat())
+def _batches(staged: pads.Dataset, columns: list[str],
+             where: pads.Expression | None = None) -> Iterator[pa.RecordBatch]:
+    """The staged rows in batches, read ahead little: pyarrow's default read-ahead (16 batches of
+    128k rows) would hold millions of rows, bodies included, for a big cycle."""
+    return staged.to_batches(columns=columns, filter=where, batch_size=_BATCH_ROWS, batch_readahead=2,
+                             fragment_readahead=1)
+
+
+_BATCH_ROWS = 65_536
+
+
+class _Stream:
+    """Record batches streamed into one commit, counted as they pass: the driver never holds a
+    cycle's staged rows, whatever the batch size."""
+
+    def __init__(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> None:
+        self.schema = schema
+        self.rows = 0
+        self._batches = batches
+        self._first: pa.RecordBatch | None = next((b for b in batches if b.num_rows), None)
+
+    @property
+    def empty(self) -> bool:
+        return self._first is None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        first, self._first = self._first, None
+        if first is not None:
+            self.rows += first.num_rows
+            yield first
+        for batch in self._batches:
+            self.rows += batch.num_rows
+            yield batch
+
+    def reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.schema, iter(self))
+
+    def drain(self) -> int:
+        """Count what a replay found already committed."""
+        for _ in self:
+            pass
+        return self.rows
+
+
+def _attempt_rows(staged: pads.Dataset, entry: JournalEntry, cycle: int, now: datetime) -> Iterator[pa.RecordBatch]:
+    for batch in _batches(staged, ["message_id", "attempts"]):
+        flat = pc.list_flatten(batch["attempts"])
+        ids = pc.take(batch["message_id"], pc.list_parent_indices(batch["attempts"]))
+        attempts = pa.Table.from_struct_array(flat) if len(flat) else None
+        columns: dict[str, pa.Array] = {"message_id": ids}
+        for field in schemas.ATTEMPT_FIELDS:
+            columns[field.name] = attempts.column(field.name) if attempts else pa.array([], field.type)
+        built = schemas.project(pa.table(columns), schemas.ATTEMPTS, table=entry.table, cycle=cycle,
+                                run_id=entry.run_id, cycle_seq=entry.seq, date=now.date().isoformat())
+        yield from built.to_batches()
+
+
+def _projected(staged: pads.Dataset, destination: str, schema: pa.Schema,
+               build: Callable[[pa.Table], pa.Table]) -> Iterator[pa.RecordBatch]:
+    # Only the columns the target keeps: the staged bodies of processed messages stay unread.
+    columns = [name for name in staged.schema.names if name in schema.names or name == HASH_COLUMN]
+    for batch in _batches(staged, columns, pc.field("destination") == destination):
+        yield from build(pa.Table.from_batches([batch])).to_batches()
+
+
+def _summary(staged: pads.Dataset) -> Counter[tuple[str, str]]:
+    """How many staged messages go to each (destination, disposition)."""
+    counted: Counter[tuple[str, str]] = Counter()
+    for batch in _batches(staged, ["destination", "disposition"]):
+        groups = pa.Table.from_batches([batch]).group_by(["destination", "disposition"], use_threads=False)
+        for row in groups.aggregate([([], "count_all")]).to_pylist():
+            counted[(row["destination"], row["disposition"])] += row["count_all"]
+    return counted
 
 
 def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
@@ -56,25 +119,29 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
         if data.num_rows:
             tables.append(table, data, app_id=app_id, version=entry.seq)
 
-    attempts = _attempt_rows(staged, entry, cycle, now)
-    commit(ATTEMPTS, attempts)
-    summary = staged.to_table(columns=["destination", "disposition"])
-    destinations = set(summary["destination"].to_pylist())
+    def commit_stream(table: str, data: _Stream) -> int:
+        if not data.empty and not tables.append(table, data.reader(), app_id=app_id, version=entry.seq):
+            data.drain()
+        return data.rows
+
+    attempts = commit_stream(ATTEMPTS, _Stream(schemas.ATTEMPTS, _attempt_rows(staged, entry, cycle, now)))
+    summary = _summary(staged)
+    destinations = {destination for destination, _ in summary}
+    builders: dict[str, Callable[[pa.Table], pa.Table]] = {
+        PROCESSED: lambda rows: schemas.project(_hashed(rows), schemas.PROCESSED, from_table=entry.table, at=now,
+                                                date=now.date().isoformat(), cycle_seq=entry.seq),
+        DEAD_LETTER: lambda rows: schemas.project(rows, schemas.DEAD_LETTER, from_table=entry.table,
+                                                  dead_lettered_at=now),
+        QUARANTINE: lambda rows: schemas.project(rows, schemas.QUARANTINE, from_table=entry.table,
+                                                 quarantined_at=now),
+    }
     for destination in sorted(destinations):
-        rows = staged.to_table(filter=pc.field("destination") == destination)
-        if destination == PROCESSED:
-            commit(PROCESSED, schemas.project(rows, schemas.PROCESSED, from_table=entry.table, at=now,
-                                    date=now.date().isoformat(), cycle_seq=entry.seq))
-        elif destination == DEAD_LETTER:
-            commit(DEAD_LETTER, schemas.project(rows, schemas.DEAD_LETTER, from_table=entry.table,
-                                      dead_lettered_at=now))
-        elif destination == QUARANTINE:
-            commit(QUARANTINE, schemas.project(rows, schemas.QUARANTINE, from_table=entry.table,
-                                     quarantined_at=now))
-        else:
-            commit(entry.table if destination == STAY else destination, schemas.project(rows, schemas.MESSAGE))
+        build = builders.get(destination, lambda rows: schemas.project(rows, schemas.MESSAGE))
+        target = entry.table if destination == STAY else destination
+        schema = schema_of(target)
+        commit_stream(target, _Stream(schema, _projected(staged, destination, schema, build)))
     commit(TRANSMISSION, _sent_rows(staged, tables.queue, entry, now, contracts or {}))
-    dispositions = set(summary["disposition"].to_pylist())
+    dispositions = {disposition for _, disposition in summary}
     # Each of these reads the staged data again: only when the cycle had such messages at all.
     if Disposition.REJECTED.value in dispositions:
         commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
@@ -88,10 +155,20 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
     elif failed:
         tables.append(EVENTS, pa.Table.from_pylist(failed, schema=schemas.EVENTS), app_id=app_id, version=entry.seq)
     tables.remove_batches(entry.table, entry.batches)
-    counts: dict[str, float] = dict(Counter(summary["disposition"].to_pylist()))
-    counts["messages"] = summary.num_rows
-    counts["attempts"] = attempts.num_rows
+    counts: dict[str, float] = {}
+    for (_, disposition), count in sorted(summary.items()):
+        counts[disposition] = counts.get(disposition, 0) + count
+    counts["messages"] = sum(summary.values())
+    counts["attempts"] = attempts
     return counts
+
+
+def _hashed(rows: pa.Table) -> pa.Table:
+    """Rows with their id hash: staged before the ledger kept it (a cycle recovered across an
+    upgrade), they are hashed here."""
+    if HASH_COLUMN in rows.column_names:
+        return rows
+    return rows.append_column(HASH_COLUMN, id_hashes(rows["message_id"].to_pylist()))
 
 
 def _sent_rows(staged: pads.Dataset, queue: str, entry: JournalEntry, now: datetime,
@@ -138,24 +215,30 @@ def _disable_events(staged: pads.Dataset, entry: JournalEntry, now: datetime) ->
     """One queue_disabled event per cycle that faulted messages or stopped on an outage: an alert
     per cycle, not per message."""
     rows = []
-    faulted = staged.to_table(columns=["message_id", "last_error_type"],
-                              filter=pc.field("disposition") == Disposition.FAULTED.value)
-    if faulted.num_rows:
-        ids = faulted["message_id"].to_pylist()
-        reason = (f"{len(ids)} message(s) in {entry.table} faulted after their last retry cycle "
-                  f"(receive_error_handling: fault): {_sample(ids)}; last error {faulted['last_error_type'][0]}")
+    faulted = pc.field("disposition") == Disposition.FAULTED.value
+    count, first = _count_and_first(staged, faulted)
+    if count:
+        ids = first["message_id"].to_pylist()
+        reason = (f"{count} message(s) in {entry.table} faulted after their last retry cycle "
+                  f"(receive_error_handling: fault): {_sample(ids, count)}; last error {first['last_error_type'][0]}")
         rows.append(event_row(QUEUE_DISABLED, now, "poison_pipeline", reason, ids[0], entry.table))
-    returned = staged.to_table(columns=["message_id", "attempts", "last_error_type"],
-                               filter=pc.field("disposition") == Disposition.OUTAGE.value)
-    if returned.num_rows:
-        failing = returned.filter(pc.greater(pc.list_value_length(returned["attempts"]), 0))
-        ids = failing["message_id"].to_pylist()
-        error = failing["last_error_type"][0] if failing.num_rows else None
-        reason = (f"outage suspected: {len(ids)} message(s) in a row in {entry.table} failed with {error}, an error "
+    returned = pc.field("disposition") == Disposition.OUTAGE.value
+    total = staged.count_rows(filter=returned)
+    if total:
+        count, first = _count_and_first(staged, returned & (pc.list_value_length(pc.field("attempts")) > 0))
+        ids = first["message_id"].to_pylist()
+        error = first["last_error_type"][0] if count else None
+        reason = (f"outage suspected: {count} message(s) in a row in {entry.table} failed with {error}, an error "
                   "that points at a dependency (policy outage_errors), and nothing succeeded; the cycle stopped and "
-                  f"returned {returned.num_rows} message(s) uncharged. Failed: {_sample(ids)}")
+                  f"returned {total} message(s) uncharged. Failed: {_sample(ids, count)}")
         rows.append(event_row(QUEUE_DISABLED, now, "poison_pipeline", reason, ids[0] if ids else None, entry.table))
     return rows
+
+
+def _count_and_first(staged: pads.Dataset, where: pads.Expression) -> tuple[int, pa.Table]:
+    """How many staged rows match, and the first few (an event names a sample, not every one)."""
+    return (staged.count_rows(filter=where),
+            staged.head(_SAMPLE, columns=["message_id", "last_error_type"], filter=where))
 
 
 def failure_counts(staged: pads.Dataset) -> tuple[FailureCount, ...]:
@@ -190,8 +273,11 @@ def _failed_event(staged: pads.Dataset, entry: JournalEntry, now: datetime) -> l
                       failures=failures_to_json(failures))]
 
 
-def _sample(ids: list[str]) -> str:
-    return ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+_SAMPLE = 5
+
+
+def _sample(ids: list[str], count: int) -> str:
+    return ", ".join(ids[:_SAMPLE]) + (", ..." if count > _SAMPLE else "")
 
 
 def end_failed_conversations(declaration: Declaration, tables: QueueTables, entry: JournalEntry) -> dict[str, float]:

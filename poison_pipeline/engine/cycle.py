@@ -7,7 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.broker.conversations import (
@@ -19,18 +21,27 @@ from poison_pipeline.broker.conversations import (
 from poison_pipeline.broker.transmission import pending_count, transmit
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.policy import Ordering
-from poison_pipeline.domain.routing import PROCESSED, cycle_number
+from poison_pipeline.domain.routing import cycle_number
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.engine.commit import apply_staged, end_failed_conversations
-from poison_pipeline.engine.dedup import find_duplicates
-from poison_pipeline.engine.ordering import blocked_conversations, in_conversation_order
+from poison_pipeline.engine.dedup import (
+    HASH_COLUMN,
+    SMALL_BATCH,
+    Duplicates,
+    Ledger,
+    files_dataset,
+    find_duplicates,
+    mark_duplicates,
+)
+from poison_pipeline.engine.ended import mark_ended
+from poison_pipeline.engine.ordering import blocked_conversations, in_conversation_order, mark_blocked
 from poison_pipeline.operations.interrupted import Completed, complete_interrupted
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.inflight import culprits
 from poison_pipeline.storage.journal import JournalEntry, journal_uri, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.lease import Holder, Lease
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import QueueTables, TableStats
 
 
 @dataclass
@@ -85,7 +96,9 @@ def _stage(batch: DataFrame, spec: CycleSpec, staging: str, inflight: str) -> in
     while True:
         run = replace(spec, inflight=inflight if careful else None, crashed=dict(crashed))
         try:
-            batch.mapInArrow(Processor(run), from_arrow_schema(schemas.RESULT)).write.mode("overwrite").parquet(staging)
+            staged = batch.mapInArrow(Processor(run), from_arrow_schema(schemas.RESULT))
+            # Hashed in the JVM for the processed ledger, where the next cycles' dedup reads it.
+            staged.withColumn(HASH_COLUMN, F.xxhash64("message_id")).write.mode("overwrite").parquet(staging)
             return deaths
         except Exception as error:
             if not _worker_died(error):
@@ -100,6 +113,14 @@ def _stage(batch: DataFrame, spec: CycleSpec, staging: str, inflight: str) -> in
                 raise
             for message_id in found:
                 crashed[message_id] = crashed.get(message_id, 0) + 1
+
+
+def _due_ids(tables: QueueTables, table: str, stats: TableStats) -> pa.Table:
+    """The id columns of a small cycle's due messages, read on the driver from its due files."""
+    root = tables.uri(table) + "/"
+    paths = [uri.removeprefix(root) for uri in stats.due_files]
+    due = files_dataset(tables, table, paths, schemas.MESSAGE)
+    return due.to_table(columns=["message_id", "batch_id", "enqueued_at"])
 
 
 def run_cycle(
@@ -163,8 +184,17 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
     batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
     ordered = queue_decl.policy.ordering is Ordering.CONVERSATION
     window_start = (now - queue_decl.policy.dedup_window).date().isoformat()
-    ledger = tables.open(PROCESSED).file_uris(file_pruning_predicate=[("date", ">=", window_start)])
-    duplicates = find_duplicates(spark, batch, ledger)
+    ledger = Ledger.within(tables, window_start)
+    # A small cycle screens its messages with sets in its spec, found on the driver; a big one with
+    # columns joined in Spark, so that nothing per message is collected on the driver.
+    small = stats.due_rows <= SMALL_BATCH
+    if small:
+        duplicates = find_duplicates(_due_ids(tables, table, stats), ledger)
+    else:
+        duplicates = Duplicates(frozenset(), frozenset())
+        batch = mark_ended(spark, mark_duplicates(spark, batch, ledger), tables)
+        if ordered:
+            batch = mark_blocked(spark, batch, tables, table)
     spec = CycleSpec(
         queue=queue,
         table=table,
@@ -176,8 +206,8 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
         out_batch=f"{table}-{seq}-{run_id[:8]}",
         seen=duplicates.seen,
         losers=duplicates.losers,
-        ended=frozenset(ended_conversations(tables)),
-        blocked=blocked_conversations(tables, table, list(stats.due_batches)) if ordered else {},
+        ended=frozenset(ended_conversations(tables)) if small else frozenset(),
+        blocked=blocked_conversations(tables, table, list(stats.due_batches)) if ordered and small else {},
     )
     if ordered:
         batch = in_conversation_order(batch)

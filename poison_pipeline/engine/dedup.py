@@ -1,11 +1,99 @@
-"""Finding the messages of a cycle that must not be delivered again: duplicate message ids."""
+"""Finding the messages of a cycle that must not be delivered again: duplicate message ids.
+
+The processed ledger keeps a 64-bit hash of every id (`id_hash`, Spark's xxhash64), so a cycle
+scans that one int64 column of the dedup window instead of every id string, then confirms the few
+hash hits by reading the ids of the files they are in: dedup stays exact whatever collides. Ledger
+files written before the column existed (or without it) are compared by id, as before.
+
+A small batch is probed on the driver with pyarrow (no Spark job); a big one in Spark, where its
+duplicates become a column of the batch, so nothing per message comes back to the driver.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import xxhash
+from deltalake.fs import DeltaStorageHandler
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+
+from poison_pipeline.domain.routing import PROCESSED, Disposition
+from poison_pipeline.engine.batch import DUPLICATE_COLUMN
+from poison_pipeline.storage.tables import QueueTables
+
+HASH_COLUMN = "id_hash"
+# Spark's xxhash64 seed: the driver's hashes must equal those Spark writes.
+_SEED = 42
+# Up to this many due messages a batch is probed on the driver: its ids fit there at no cost,
+# and no Spark job is spent on it. Above, the probe runs in Spark.
+SMALL_BATCH = 50_000
+# A duplicate set up to this size is broadcast to the batch's tasks; a bigger one is shuffled.
+_BROADCAST_ROWS = 100_000
+_PROCESSED = Disposition.PROCESSED.value
+
+
+def id_hash(message_id: str) -> int:
+    """Spark's `xxhash64(message_id)`: XXH64 of the UTF-8 bytes, seed 42, as a signed int64."""
+    value = xxhash.xxh64_intdigest(message_id.encode(), _SEED)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def id_hashes(ids: Iterable[str | None]) -> pa.Array:
+    return pa.array([None if i is None else id_hash(i) for i in ids], pa.int64())
+
+
+def files_dataset(tables: QueueTables, table: str, paths: list[str], schema: pa.Schema,
+                  sizes: dict[str, int] | None = None) -> pads.Dataset:
+    """Files of a table (paths relative to it, as its log lists them) as a pyarrow dataset of
+    `schema`; columns a file lacks read as null. delta-rs's own dataset would first turn every
+    file's statistics into a partition expression, which costs more than the read itself."""
+    files = pafs.PyFileSystem(DeltaStorageHandler(tables.uri(table), tables.storage_options, sizes))
+    return pads.dataset(paths, schema=schema, format="parquet", filesystem=files)
+
+
+# What dedup reads of the ledger.
+_LEDGER = pa.schema([pa.field("message_id", pa.string()), pa.field("disposition", pa.string()),
+                     pa.field(HASH_COLUMN, pa.int64())])
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The processed ledger's files within the dedup window, by how they are probed."""
+
+    tables: QueueTables
+    # Files whose every row has its id hash, and files compared by id (written before the hash).
+    hashed: tuple[str, ...]
+    legacy: tuple[str, ...]
+    sizes: dict[str, int]
+
+    @classmethod
+    def within(cls, tables: QueueTables, window_start: str) -> Ledger:
+        """The files of partitions `date >= window_start`, from the Delta log alone."""
+        actions = pa.table(tables.open(PROCESSED).get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return cls(tables, (), (), {})
+        actions = actions.filter(pc.greater_equal(actions["partition.date"], window_start))
+        nulls = f"null_count.{HASH_COLUMN}"
+        # No statistic for the column: a file written before it existed (its rows read as null).
+        hashed = (pc.equal(actions[nulls], 0) if nulls in actions.column_names
+                  else pa.array([False] * actions.num_rows))
+        hashed = pc.fill_null(hashed, False)
+        paths = actions["path"]
+        sizes = dict(zip(paths.to_pylist(), actions["size_bytes"].to_pylist(), strict=True))
+        return cls(tables, tuple(paths.filter(hashed).to_pylist()),
+                   tuple(paths.filter(pc.invert(hashed)).to_pylist()), sizes)
+
+    def dataset(self, paths: Iterable[str]) -> pads.Dataset:
+        return files_dataset(self.tables, PROCESSED, list(paths), _LEDGER, self.sizes)
+
+    def uris(self, paths: Iterable[str]) -> list[str]:
+        return [f"{self.tables.uri(PROCESSED)}/{path}" for path in paths]
 
 
 @dataclass(frozen=True)
@@ -14,40 +102,68 @@ class Duplicates:
     losers: frozenset[tuple[str, str]]
 
 
-def find_duplicates(spark: SparkSession, batch: DataFrame, ledger_files: list[str]) -> Duplicates:
-    """Ids already processed (within the ledger files given) and, for ids that occur more than once
-    in the batch, every occurrence but the earliest enqueued.
+def find_duplicates(batch: pa.Table, ledger: Ledger) -> Duplicates:
+    """On the driver, for a small `batch` (message_id, batch_id, enqueued_at): ids already
+    processed, and for ids that occur more than once in the batch, every occurrence but the
+    earliest enqueued."""
+    ids = pc.unique(batch["message_id"])
+    return Duplicates(_processed(ids, ledger), _losers(batch))
 
-    Only the id columns are shuffled, and only duplicates come back to the driver.
-    """
-    ids = batch.select("message_id", "batch_id", "enqueued_at", F.lit(0).alias("src"))
-    if ledger_files:
-        done = (
-            spark.read.parquet(*ledger_files)
-            .where(F.col("disposition") == "processed")
-            .select(
-                "message_id",
-                F.lit(None).cast("string").alias("batch_id"),
-                F.lit(None).cast("timestamp").alias("enqueued_at"),
-                F.lit(1).alias("src"),
-            )
-        )
-        ids = ids.unionByName(done)
-    # Plain counts per id keep the aggregate a hash aggregate; only the few repeated ids come back.
-    repeated = (
-        ids.groupBy("message_id")
-        .agg(F.count(F.lit(1)).alias("n"), F.max("src").alias("processed"), F.min("src").alias("in_batch"))
-        .where("n > 1 AND in_batch = 0")
-        .collect()
-    )
-    seen = frozenset(r["message_id"] for r in repeated if r["processed"])
-    twins = [r["message_id"] for r in repeated if not r["processed"]]
-    if not twins:
-        return Duplicates(seen, frozenset())
-    wanted = spark.createDataFrame([(t,) for t in twins], "message_id string")
+
+def _processed(ids: pa.Array, ledger: Ledger) -> frozenset[str]:
+    if len(ids) == 0:
+        return frozenset()
+    suspects: list[str] = []
+    if ledger.hashed:
+        hits = ledger.dataset(ledger.hashed).to_table(
+            columns=[HASH_COLUMN, "__filename"], filter=pc.field(HASH_COLUMN).isin(id_hashes(ids.to_pylist())))
+        suspects = sorted(set(hits["__filename"].to_pylist()))
+    files = [*ledger.legacy, *suspects]
+    if not files:
+        return frozenset()
+    # Confirmed by id: a hash hit of another id (a collision) is no duplicate.
+    found = ledger.dataset(files).to_table(
+        columns=["message_id"],
+        filter=pc.field("message_id").isin(ids) & (pc.field("disposition") == _PROCESSED))
+    return frozenset(found["message_id"].to_pylist())
+
+
+def _losers(batch: pa.Table) -> frozenset[tuple[str, str]]:
+    counts = batch.group_by("message_id", use_threads=False).aggregate([([], "count_all")])
+    twins = counts.filter(pc.greater(counts["count_all"], 1))["message_id"]
+    if len(twins) == 0:
+        return frozenset()
     copies: dict[str, list[tuple[object, str]]] = {}
-    for row in batch.select("message_id", "batch_id", "enqueued_at").join(F.broadcast(wanted), "message_id").collect():
+    for row in batch.filter(pc.is_in(batch["message_id"], value_set=twins)).to_pylist():
         copies.setdefault(row["message_id"], []).append((row["enqueued_at"], row["batch_id"]))
     # The earliest enqueued copy is delivered; every later one is a duplicate.
-    losers = frozenset((mid, batch_id) for mid, found in copies.items() for _, batch_id in sorted(found)[1:])
-    return Duplicates(seen, losers)
+    return frozenset((mid, batch_id) for mid, found in copies.items() for _, batch_id in sorted(found)[1:])
+
+
+def mark_duplicates(spark: SparkSession, batch: DataFrame, ledger: Ledger) -> DataFrame:
+    """In Spark, for a big `batch`: the batch with a boolean DUPLICATE_COLUMN, true for ids already
+    processed and for every copy but the earliest enqueued of an id repeated in the batch."""
+    ids = batch.select("message_id", "batch_id", "enqueued_at")
+    files = list(ledger.uris(ledger.legacy))
+    if ledger.hashed:
+        hashes = ids.select(F.xxhash64("message_id").alias(HASH_COLUMN)).distinct()
+        hits = (spark.read.parquet(*ledger.uris(ledger.hashed)).select(HASH_COLUMN, F.input_file_name().alias("file"))
+                .join(hashes, HASH_COLUMN, "left_semi").select("file").distinct().collect())
+        files += sorted(r["file"] for r in hits)  # one row per ledger file with a hit, not per message
+    first = Window.partitionBy("message_id").orderBy("enqueued_at", "batch_id")
+    twins = ids.groupBy("message_id").count().where("count > 1").select("message_id")
+    duplicates = (ids.join(twins, "message_id", "left_semi").withColumn("rank", F.row_number().over(first))
+                  .where("rank > 1").select("message_id", "batch_id"))
+    if files:
+        done = (spark.read.parquet(*files).where(F.col("disposition") == _PROCESSED)
+                .select("message_id").distinct())
+        duplicates = duplicates.unionByName(ids.join(done, "message_id", "left_semi").select("message_id", "batch_id"))
+    duplicates = duplicates.distinct().withColumn(DUPLICATE_COLUMN, F.lit(True)).cache()
+    count = duplicates.count()
+    if count == 0:
+        duplicates.unpersist()
+        return batch
+    right = F.broadcast(duplicates) if count <= _BROADCAST_ROWS else duplicates
+    # A left join keyed by both columns keeps every batch row once; a null batch_id matches nothing.
+    marked = batch.join(right, ["message_id", "batch_id"], "left")
+    return marked.withColumn(DUPLICATE_COLUMN, F.coalesce(F.col(DUPLICATE_COLUMN), F.lit(False)))

@@ -3,11 +3,15 @@ handled by one executor in sequence order, and never ahead of an earlier one wai
 
 from __future__ import annotations
 
-import pyarrow.compute as pc
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from functools import reduce
 
-from poison_pipeline.engine.batch import Blocked
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from poison_pipeline.engine.batch import BLOCKED_COLUMNS, Blocked
+from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import QueueTables
 
 
@@ -55,4 +59,24 @@ def _earlier(a: Blocked, b: Blocked) -> bool:
     return a.sequence_number < b.sequence_number
 
 
-
+def mark_blocked(spark: SparkSession, batch: DataFrame, tables: QueueTables, table: str) -> DataFrame:
+    """What `blocked_conversations` finds, as BLOCKED_COLUMNS of the batch (null: not blocked),
+    joined in Spark for a big cycle instead of collected on the driver."""
+    name, sequence, due = BLOCKED_COLUMNS
+    heads = []
+    for order, other in enumerate(tables.waiting):
+        files = tables.open(other).file_uris() if other != table and tables.exists(other) else []
+        if not files:
+            continue
+        rows = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*files).where(
+            F.col("conversation_id").isNotNull() & F.col("sequence_number").isNotNull())
+        heads.append(rows.groupBy("conversation_id").agg(F.min("sequence_number").alias(sequence),
+                                                         F.min("due_at").alias(due))
+                     .withColumn(name, F.lit(other)).withColumn("_order", F.lit(order)))
+    if not heads:
+        return batch
+    # The lowest sequence number wins; on a tie, the table earlier in flow order (as _earlier keeps it).
+    first = Window.partitionBy("conversation_id").orderBy(sequence, "_order")
+    head = (reduce(DataFrame.unionByName, heads).withColumn("_rank", F.row_number().over(first))
+            .where("_rank = 1").select("conversation_id", name, sequence, due))
+    return batch.join(head, "conversation_id", "left")

@@ -70,6 +70,8 @@ PROCESSED = pa.schema(
         pa.field("at", TS),
         pa.field("date", pa.string()),
         pa.field("cycle_seq", pa.int64()),
+        # xxhash64 of message_id (engine/dedup.py): a cycle's dedup scans this, not every id.
+        pa.field("id_hash", pa.int64()),
     ]
 )
 
