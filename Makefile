@@ -28,10 +28,10 @@ test: java browser $(STAMP)
 	$(BIN)/pytest -q
 
 ui: java $(STAMP)
-	DAGSTER_HOME=$(CURDIR) $(BIN)/dagster dev -w workspace.yaml
+	DAGSTER_HOME=$(CURDIR) $(BIN)/python tools/ui.py
 
 bench: java $(STAMP)
 	$(BIN)/python benchmarks/cycle_throughput.py
 
 clean:
-	rm -rf $(VENV) lake demo_lake .dagster_home *.egg-info
+	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect *.egg-info
