@@ -32,6 +32,7 @@ ui: java $(STAMP)
 
 bench: java $(STAMP)
 	$(BIN)/python benchmarks/cycle_throughput.py
+	$(BIN)/python benchmarks/connect_run.py
 
 clean:
 	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect *.egg-info
