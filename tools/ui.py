@@ -22,6 +22,9 @@ from poison_pipeline.engine.local_servers import start_connect_server
 
 
 def main(args: list[str]) -> int:
+    # A shell that starts this in the background ignores SIGINT, and so would dagster dev, which
+    # stops on SIGINT (SIGTERM too, through the same handler): give it back its default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     declaration = load_declaration()
     env = dict(os.environ)
     dagster = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", "workspace.yaml", *args]
