@@ -44,6 +44,8 @@ def _stopped_cleanly(processes: list[SparkProcess]) -> Iterator[None]:
     try:
         yield
     finally:
+        # Again now: executors and Python workers started during the test count too.
+        started |= set().union(*(p.processes() for p in processes))
         for process in processes:
             process.stop()
     left = sorted(pid for pid in started if alive(pid))
