@@ -28,7 +28,7 @@ test: java browser $(STAMP)
 	$(BIN)/pytest -q
 
 ui: java $(STAMP)
-	DAGSTER_HOME=$(CURDIR) $(BIN)/dagster dev -w workspace.yaml
+	DAGSTER_HOME=$(CURDIR) $(BIN)/python tools/ui.py
 
 # Every benchmark at full size (about an hour; run it on a quiet machine): one JSON line each on
 # stdout, also appended to benchmarks/results/. `bench-quick` runs them all at small sizes (CI).
@@ -39,4 +39,4 @@ bench-quick: java $(STAMP)
 	$(BIN)/python benchmarks/run_all.py --quick
 
 clean:
-	rm -rf $(VENV) lake demo_lake .dagster_home *.egg-info
+	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect *.egg-info

@@ -26,12 +26,27 @@ DEFAULTS = {
 }
 
 
+def session_config(settings: SparkSettings) -> dict[str, str]:
+    """The Spark configuration a session of `settings` runs with (also a Connect server's)."""
+    return {**DEFAULTS, **settings.config, **REQUIRED}
+
+
+def shared_session(remote: str) -> bool:
+    """Whether a Spark Connect URL names its server-side session (`;session_id=...`): the
+    processes using it share that session, its Python workers and their warm imports."""
+    return any(part.strip().startswith("session_id=") for part in remote.split(";")[1:])
+
+
 def build_session(settings: SparkSettings) -> SparkSession:
-    """Return the session for `settings`; workers run this interpreter so they see the same venv."""
+    """Return the session for `settings`; workers run this interpreter so they see the same venv.
+
+    On Spark Connect only the SQL settings are the session's own: the others (memory, UI) were
+    fixed when the server started (`local_servers.start_connect_server` starts it with them)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(settings.app_name)
     builder = builder.remote(settings.remote) if settings.remote else builder.master(settings.master)
-    for key, value in {**DEFAULTS, **settings.config, **REQUIRED}.items():
-        builder = builder.config(key, value)
+    for key, value in session_config(settings).items():
+        if settings.remote is None or key.startswith("spark.sql."):
+            builder = builder.config(key, value)
     return builder.getOrCreate()
