@@ -12,6 +12,8 @@ and the cycle does what it does when a Spark worker dies (engine/cycle._stage).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import pickle
 import signal
@@ -89,10 +91,9 @@ def serve(fd: int) -> None:
     sys.path[:] = driver.recv()  # the driver's, so handlers import here as they do there
     while True:
         try:
-            request = driver.recv_bytes()
-        except EOFError:
-            return
-        _serve_one(driver, request)
+            _serve_one(driver, driver.recv_bytes())
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            return  # the driver is gone (killed while a worker delivered): nobody wants the results
 
 
 # --- the driver's side ---------------------------------------------------------------------------
@@ -102,10 +103,18 @@ class _Server:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         command = f"from poison_pipeline.engine.local import serve; serve({theirs.fileno()})"
-        self.process = subprocess.Popen([sys.executable, "-c", command], pass_fds=[theirs.fileno()])
+        self.process = subprocess.Popen([sys.executable, "-c", command], pass_fds=[theirs.fileno()],
+                                        stdin=subprocess.DEVNULL)
         theirs.close()
         self.connection = Connection(ours.detach())
         self.connection.send(sys.path)
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Let the server go (it exits at the end of its input) and reap it."""
+        self.connection.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
 
 
 _lock = threading.Lock()
