@@ -29,8 +29,8 @@ def sorted_in_conversation_order(rows: pa.Table) -> pa.Table:
     """The rows of a small cycle, delivered as one partition: in the order `in_conversation_order`
     gives each partition."""
     keyed = rows.append_column("_conversation_key", pc.coalesce(rows["conversation_id"], rows["message_id"]))
-    keys = [("_conversation_key", "ascending"), *((c, "ascending") for c in _WITHIN)]
-    return rows.take(pc.sort_indices(keyed, sort_keys=keys, null_placement="at_start"))
+    keys = [(c, "ascending", "at_start") for c in ("_conversation_key", *_WITHIN)]
+    return rows.take(pc.sort_indices(keyed, sort_keys=keys))
 
 
 def blocked_conversations(tables: QueueTables, table: str, batches: list[str]) -> dict[str, Blocked]:
