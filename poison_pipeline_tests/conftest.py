@@ -27,9 +27,10 @@ def spark() -> Iterator[SparkSession]:
 def make_declaration(tmp_path: Path):
     """Build a declaration whose lake root is this test's own folder."""
 
-    def build(queues: dict[str, Any]) -> Declaration:
+    def build(queues: dict[str, Any], **settings: Any) -> Declaration:
+        """`settings` are further top-level fields, e.g. small_cycles={"max_messages": 0}."""
         return parse_declaration(
-            {"lake_root": str(tmp_path / "lake"), "spark": SPARK.model_dump(), "queues": queues}
+            {"lake_root": str(tmp_path / "lake"), "spark": SPARK.model_dump(), "queues": queues, **settings}
         )
 
     return build

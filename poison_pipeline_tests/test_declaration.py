@@ -68,3 +68,10 @@ def test_yaml_file_relative_lake_root_and_errors(tmp_path):
 def test_the_example_declaration_loads():
     declaration = load_declaration("poison_pipeline.yaml")
     assert set(declaration.queues) == {"inventory", "orders", "accounts", "presentations", "checkout", "shipping"}
+
+
+def test_small_cycles_default_to_a_thousand_messages_and_refuse_a_negative_threshold():
+    queues = {"q": {"handler": HANDLER}}
+    assert parse_declaration({"lake_root": "/tmp/lake", "queues": queues}).small_cycles.max_messages == 1000
+    with pytest.raises(DeclarationError, match=r"small_cycles.max_messages = -1: must be a number of messages"):
+        parse_declaration({"lake_root": "/tmp/lake", "queues": queues, "small_cycles": {"max_messages": -1}})

@@ -79,7 +79,8 @@ def hook_calls() -> Iterator[list[dict[str, Any]]]:
 
 def test_conversations_keep_sequence_order_and_a_failure_holds_only_its_own(
         spark, make_declaration, tmp_path, two_partitions):
-    declaration = make_declaration(ordered_queue(receive_retry_count=1))
+    # Through Spark: a small cycle is one partition, delivered by one worker.
+    declaration = make_declaration(ordered_queue(receive_retry_count=1), small_cycles={"max_messages": 0})
     log = tmp_path / "deliveries.jsonl"
     records = []
     for c in range(40):
@@ -240,6 +241,23 @@ def test_end_conversation_ends_it_with_an_error_everywhere_and_for_good(
     assert len(hook_calls) == 1, "the clean-up hook runs once per conversation"
     assert len(rows(declaration, "conversations")) == 1
     assert {line["id"] for line in read_lines(log)} == {"e1", "e2", "f1"}
+
+
+def test_a_small_cycle_keeps_sequence_order_in_its_one_worker(spark, make_declaration, tmp_path):
+    declaration = make_declaration(ordered_queue(receive_retry_count=0))
+    log = tmp_path / "deliveries.jsonl"
+    records = [msg(f"c{c}-s{s}", f"c{c}", s, log, **({"fail": True} if (c, s) == (1, 2) else {}))
+               for c in range(3) for s in range(1, 5)]
+    random.Random(7).shuffle(records)
+    put(declaration, records[:6])
+    put(declaration, records[6:])
+
+    report = run_cycle(spark, declaration, "q", "inbound")
+
+    assert {line["partition"] for line in read_lines(log)} == {None}, "delivered without a Spark task"
+    order = delivered(log, cycle=0)
+    assert order == {"c0": [1, 2, 3, 4], "c1": [1, 2], "c2": [1, 2, 3, 4]}
+    assert report.counts == {"processed": 9, "moved": 3, "messages": 12, "attempts": 10}
 
 
 def test_without_ordering_a_failure_holds_nothing(spark, make_declaration, tmp_path):

@@ -3,6 +3,7 @@ a run of recoverable failures stops the cycle, charges nothing and disables the 
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,8 @@ def test_detection_can_be_turned_off(spark, make_declaration, lake, policy):
 
 
 def test_each_partition_detects_on_its_own_and_the_cycle_raises_one_event(spark, make_declaration, lake):
-    declaration = declare(make_declaration)
+    # Through Spark: a small cycle is one partition, delivered by one worker.
+    declaration = declare(functools.partial(make_declaration, small_cycles={"max_messages": 0}))
     # Two enqueues are two files, which Spark reads as two partitions (tasks).
     put(declaration, [lake.down(f"a{i}") for i in range(7)])
     put(declaration, [lake.down(f"b{i}") for i in range(7)])

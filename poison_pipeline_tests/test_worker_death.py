@@ -1,14 +1,23 @@
 """A handler that kills its Python worker: the death is an aborted attempt of that message only
-(SPEC sections 3 and 10), found by a careful re-run of the cycle's Spark job."""
+(SPEC sections 3 and 10), found by a careful re-run of the cycle's delivery: a Spark job, or the
+worker process of a small cycle, beside the driver."""
 
 from __future__ import annotations
+
+import pytest
 
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline_tests.support import attempts_of, places, queue, rows, send
 
+# Spark jobs, and small cycles' worker processes.
+PATHS = pytest.mark.parametrize("max_messages", [0, 1000], ids=["spark", "small"])
 
-def test_a_handler_that_kills_its_worker_is_charged_and_moved_the_rest_is_processed(spark, make_declaration):
-    declaration = make_declaration(queue(receive_retry_count=1, max_retry_cycles=0, receive_error_handling="move"))
+
+@PATHS
+def test_a_handler_that_kills_its_worker_is_charged_and_moved_the_rest_is_processed(spark, make_declaration,
+                                                                                    max_messages):
+    declaration = make_declaration(queue(receive_retry_count=1, max_retry_cycles=0, receive_error_handling="move"),
+                                   small_cycles={"max_messages": max_messages})
     send(declaration, {"good-1": {}, "killer": {"exit": True}, "good-2": {}, "flaky": {"fail_until_attempt": 2}})
     report = run_cycle(spark, declaration, "q", "inbound")
     # The first job dies, the careful re-run names the killer, and it dies once more per attempt.
@@ -25,8 +34,10 @@ def test_a_handler_that_kills_its_worker_is_charged_and_moved_the_rest_is_proces
     assert [a["outcome"] for a in attempts_of(declaration, "flaky")] == ["abort", "success"]
 
 
-def test_the_session_still_works_after_a_worker_died(spark, make_declaration):
-    declaration = make_declaration(queue(receive_retry_count=0, max_retry_cycles=0, receive_error_handling="drop"))
+@PATHS
+def test_the_session_still_works_after_a_worker_died(spark, make_declaration, max_messages):
+    declaration = make_declaration(queue(receive_retry_count=0, max_retry_cycles=0, receive_error_handling="drop"),
+                                   small_cycles={"max_messages": max_messages})
     send(declaration, {"killer": {"exit": True}})
     assert run_cycle(spark, declaration, "q", "inbound").counts["dropped"] == 1
     send(declaration, {"after": {}})

@@ -77,6 +77,25 @@ class LeaseSettings(BaseModel):
         return value
 
 
+class SmallCycles(BaseModel):
+    """Which cycles skip Spark's job for their delivery: those of at most `max_messages` due messages.
+
+    They run the same routing code (engine/batch.Processor) in one worker process beside the driver,
+    isolated as a Spark worker is (a handler that kills its process kills only that worker), without
+    the fixed cost of scheduling a Spark job. 0 sends every cycle through Spark."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_messages: int = 1000
+
+    @field_validator("max_messages")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be a number of messages, 0 or more (0 sends every cycle through Spark)")
+        return value
+
+
 class CheckThresholds(BaseModel):
     """When the queue's warning checks fail: growth since the previous check, age of the oldest due message."""
 
@@ -173,6 +192,7 @@ class Declaration(BaseModel):
     # Called with a QueueEvent when a queue is disabled: where a user points mail or chat.
     alert_hook: str | None = None
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    small_cycles: SmallCycles = Field(default_factory=SmallCycles)
 
     @field_validator("alert_hook")
     @classmethod

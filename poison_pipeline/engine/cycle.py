@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,7 @@ from poison_pipeline.broker.transmission import pending_count, transmit
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.policy import Ordering
 from poison_pipeline.domain.routing import cycle_number
+from poison_pipeline.engine import local
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.engine.commit import apply_staged, end_failed_conversations
 from poison_pipeline.engine.dedup import (
@@ -34,7 +36,12 @@ from poison_pipeline.engine.dedup import (
     mark_duplicates,
 )
 from poison_pipeline.engine.ended import mark_ended
-from poison_pipeline.engine.ordering import blocked_conversations, in_conversation_order, mark_blocked
+from poison_pipeline.engine.ordering import (
+    blocked_conversations,
+    in_conversation_order,
+    mark_blocked,
+    sorted_in_conversation_order,
+)
 from poison_pipeline.operations.interrupted import Completed, complete_interrupted
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
@@ -78,27 +85,34 @@ def _finish(declaration: Declaration, tables: QueueTables, entry: JournalEntry, 
 
 
 def _worker_died(error: Exception) -> bool:
-    return "Python worker exited unexpectedly" in str(error)
+    return isinstance(error, local.WorkerDied) or "Python worker exited unexpectedly" in str(error)
 
 
-def _stage(batch: DataFrame, spec: CycleSpec, staging: str, inflight: str) -> int:
-    """Deliver on Spark and write the staged results; returns how many workers died doing it.
+def _on_spark(batch: DataFrame, staging: str) -> Callable[[CycleSpec], None]:
+    def deliver(spec: CycleSpec) -> None:
+        staged = batch.mapInArrow(Processor(spec), from_arrow_schema(schemas.RESULT))
+        # Hashed in the JVM for the processed ledger, where the next cycles' dedup reads it.
+        staged.withColumn(HASH_COLUMN, F.xxhash64("message_id")).write.mode("overwrite").parquet(staging)
 
-    A handler that kills its Python worker fails the whole Spark job. The job is then run again
+    return deliver
+
+
+def _stage(deliver: Callable[[CycleSpec], None], spec: CycleSpec, inflight: str) -> int:
+    """Deliver (a Spark job, or a small cycle's worker process) and write the staged results;
+    returns how many workers died doing it.
+
+    A handler that kills its Python worker fails the whole delivery. It is then run again
     carefully: each task marks the message it is delivering, so the next death names its message,
     which is charged one aborted attempt (outcome `crash`) per death and never called more often
-    than its attempts allow. Every other message is simply delivered again in the next run of the
-    job: nothing of a failed job was committed, and receivers are idempotent by message id.
+    than its attempts allow. Every other message is simply delivered again in the next run:
+    nothing of a failed delivery was committed, and receivers are idempotent by message id.
     """
     deaths = 0
     crashed: dict[str, int] = {}
     careful = False
     while True:
-        run = replace(spec, inflight=inflight if careful else None, crashed=dict(crashed))
         try:
-            staged = batch.mapInArrow(Processor(run), from_arrow_schema(schemas.RESULT))
-            # Hashed in the JVM for the processed ledger, where the next cycles' dedup reads it.
-            staged.withColumn(HASH_COLUMN, F.xxhash64("message_id")).write.mode("overwrite").parquet(staging)
+            deliver(replace(spec, inflight=inflight if careful else None, crashed=dict(crashed)))
             return deaths
         except Exception as error:
             if not _worker_died(error):
@@ -177,21 +191,26 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
         report.skipped = "no message is due"
         report.duration_s = time.perf_counter() - started
         return report
+    # A small cycle is delivered beside the driver, without a Spark job (engine/local.py).
+    local_delivery = stats.due_rows <= declaration.small_cycles.max_messages
+    if local_delivery:
+        local.warm()  # the worker's fork server starts (once per process) while dedup runs
     # Per holder: a holder that lost its lease and still computes never writes where the next one stages.
     entry = JournalEntry(seq, "planned", table, run_id, now.isoformat(), list(stats.due_batches),
                          tables.work_uri("staging", table, f"{seq}-{lease.holder_id}"))
     write_entry(_journal(tables, table), entry)
-    batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
     ordered = queue_decl.policy.ordering is Ordering.CONVERSATION
     window_start = (now - queue_decl.policy.dedup_window).date().isoformat()
     ledger = Ledger.within(tables, window_start)
     # A small cycle screens its messages with sets in its spec, found on the driver; a big one with
     # columns joined in Spark, so that nothing per message is collected on the driver.
-    small = stats.due_rows <= SMALL_BATCH
+    small = local_delivery or stats.due_rows <= SMALL_BATCH
+    batch: DataFrame | None = None
     if small:
         duplicates = find_duplicates(_due_ids(tables, table, stats), ledger)
     else:
         duplicates = Duplicates(frozenset(), frozenset())
+        batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
         batch = mark_ended(spark, mark_duplicates(spark, batch, ledger), tables)
         if ordered:
             batch = mark_blocked(spark, batch, tables, table)
@@ -209,9 +228,15 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
         ended=frozenset(ended_conversations(tables)) if small else frozenset(),
         blocked=blocked_conversations(tables, table, list(stats.due_batches)) if ordered and small else {},
     )
-    if ordered:
-        batch = in_conversation_order(batch)
-    report.worker_deaths = _stage(batch, spec, entry.staging, tables.work_uri("inflight", table, lease.holder_id))
+    if local_delivery:
+        rows = local.read_due(stats.due_files)
+        rows = sorted_in_conversation_order(rows) if ordered else rows
+        deliver = functools.partial(local.stage, rows, staging=entry.staging)
+    else:
+        if batch is None:
+            batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
+        deliver = _on_spark(in_conversation_order(batch) if ordered else batch, entry.staging)
+    report.worker_deaths = _stage(deliver, spec, tables.work_uri("inflight", table, lease.holder_id))
     lease.check()
     entry.state = "staged"
     write_entry(_journal(tables, table), entry)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import reduce
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -14,16 +15,26 @@ from poison_pipeline.engine.batch import BLOCKED_COLUMNS, Blocked
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import QueueTables
 
+# Within a conversation (keyed by conversation id, else by message id: a message without a
+# conversation is a conversation of its own), every sort key ascending, nulls first.
+_WITHIN = ("sequence_number", "enqueued_at", "message_id")
+
 
 def in_conversation_order(frame: DataFrame) -> DataFrame:
     """All messages of a conversation in one partition, sorted by sequence number; other
     conversations spread over the partitions so they proceed in parallel."""
-    # A message without a conversation is a conversation of its own: keyed by its id, it does not
-    # pile up with every other such message in one partition.
+    # Keyed by id, messages without a conversation do not pile up in one partition.
     key = F.coalesce(F.col("conversation_id"), F.col("message_id"))
-    return frame.repartition(key).sortWithinPartitions(
-        key, F.col("sequence_number").asc_nulls_first(), "enqueued_at", "message_id"
-    )
+    return frame.repartition(key).sortWithinPartitions(key.asc_nulls_first(),
+                                                       *(F.col(c).asc_nulls_first() for c in _WITHIN))
+
+
+def sorted_in_conversation_order(rows: pa.Table) -> pa.Table:
+    """The rows of a small cycle, delivered as one partition: in the order `in_conversation_order`
+    gives each partition."""
+    keyed = rows.append_column("_conversation_key", pc.coalesce(rows["conversation_id"], rows["message_id"]))
+    keys = [(c, "ascending", "at_start") for c in ("_conversation_key", *_WITHIN)]
+    return rows.take(pc.sort_indices(keyed, sort_keys=keys))
 
 
 def blocked_conversations(tables: QueueTables, table: str, batches: list[str]) -> dict[str, Blocked]:

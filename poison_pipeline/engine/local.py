@@ -1,0 +1,158 @@
+"""Delivering a small cycle without a Spark job: the same Processor, in a worker process of its own.
+
+A Spark job costs a fixed few hundred milliseconds to schedule, more than a cycle of a few hundred
+messages takes to deliver. Small cycles (SmallCycles in the declaration) run `Processor` over the
+same parquet files in a process forked for the cycle, as Spark forks its Python workers: from a fork
+server started once per driver process with the engine imported, so a fork costs milliseconds and
+inherits none of the driver's threads (py4j, delta-rs, the lease renewer, Dagster's). Handler
+timeouts work as on an executor (the Processor runs on the worker's main thread), and a handler that
+kills its process kills only that worker: the driver, and a Dagster run with it, sees `WorkerDied`
+and the cycle does what it does when a Spark worker dies (engine/cycle._stage).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from poison_pipeline.engine.batch import CycleSpec, Processor
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.journal import fs_of, remove_tree
+
+# Spark hands mapInArrow batches of at most this many rows (spark.sql.execution.arrow.maxRecordsPerBatch).
+_BATCH_ROWS = 10_000
+_STAGED_FILE = "part-00000.parquet"
+
+
+class WorkerDied(RuntimeError):
+    """The worker process delivering a small cycle died (its handler exited or crashed it)."""
+
+
+def read_due(files: Sequence[str]) -> pa.Table:
+    """The rows of the due files, as Spark reads them for a cycle (schemas.MESSAGE, missing columns null)."""
+    fs, _ = fs_of(files[0])
+    paths = [fs_of(uri)[1] for uri in files]
+    return pads.dataset(paths, schema=schemas.MESSAGE, format="parquet", filesystem=fs).to_table()
+
+
+# --- the fork server (a process of its own) ------------------------------------------------------
+
+
+def _route(request: bytes) -> tuple[str, object]:
+    try:
+        spec, rows = pickle.loads(request)
+        results = list(Processor(spec)(iter(rows.to_batches(max_chunksize=_BATCH_ROWS))))
+        return "ok", pa.Table.from_batches(results, schema=schemas.RESULT)
+    except BaseException:  # noqa: BLE001 - the driver raises it with the worker's traceback
+        return "error", traceback.format_exc()
+
+
+def _serve_one(driver: Connection, request: bytes) -> None:
+    """Fork a worker for one cycle; relay its results, or that it died before it sent them all."""
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        os.close(readable)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        with os.fdopen(writable, "wb") as out:
+            out.write(pickle.dumps(_route(request)))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    os.close(writable)
+    with os.fdopen(readable, "rb") as results:
+        reply = results.read()
+    _, status = os.waitpid(pid, 0)
+    # A worker that exits early, with any code, never wrote a whole reply.
+    if status == 0 and reply:
+        driver.send_bytes(reply)
+    else:
+        driver.send(("died", os.waitstatus_to_exitcode(status)))
+
+
+def serve(fd: int) -> None:
+    """The fork server's loop, until the driver goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the driver to handle
+    driver = Connection(fd)
+    sys.path[:] = driver.recv()  # the driver's, so handlers import here as they do there
+    while True:
+        try:
+            _serve_one(driver, driver.recv_bytes())
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            return  # the driver is gone (killed while a worker delivered): nobody wants the results
+
+
+# --- the driver's side ---------------------------------------------------------------------------
+
+
+class _Server:
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        command = f"from poison_pipeline.engine.local import serve; serve({theirs.fileno()})"
+        self.process = subprocess.Popen([sys.executable, "-c", command], pass_fds=[theirs.fileno()],
+                                        stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.connection = Connection(ours.detach())
+        self.connection.send(sys.path)
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Let the server go (it exits at the end of its input) and reap it."""
+        self.connection.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+
+_lock = threading.Lock()
+_server: _Server | None = None
+
+
+def warm() -> None:
+    """Start the fork server if it is not running: it imports the engine while the driver goes on."""
+    global _server
+    with _lock:
+        if _server is None or _server.process.poll() is not None:
+            _server = _Server()
+
+
+def _deliver(spec: CycleSpec, rows: pa.Table) -> tuple[str, object]:
+    global _server
+    warm()
+    with _lock:
+        assert _server is not None
+        try:
+            _server.connection.send_bytes(pickle.dumps((spec, rows)))
+            return _server.connection.recv()
+        except (EOFError, OSError):
+            _server = None  # killed with its worker (a handler that killed its process group): a new one next time
+            return "died", None
+
+
+def stage(rows: pa.Table, spec: CycleSpec, staging: str) -> None:
+    """Deliver `rows` in a worker process and write its results to `staging` as the Spark job would.
+
+    Raises WorkerDied when the worker died before it sent its results (nothing is written then)."""
+    kind, payload = _deliver(spec, rows)
+    if kind == "died":
+        raise WorkerDied(f"the worker process delivering {spec.queue}/{spec.table} died (exit code {payload})")
+    if kind == "error":
+        raise RuntimeError(f"delivering {spec.queue}/{spec.table} failed in its worker process:\n{payload}")
+    assert isinstance(payload, pa.Table)
+    remove_tree(staging)
+    fs, path = fs_of(staging)
+    fs.create_dir(path, recursive=True)
+    pq.write_table(payload, f"{path}/{_STAGED_FILE}", filesystem=fs)
