@@ -87,7 +87,7 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
     @asset(**_spec(declaration, queue, table, upstream, description, spark=True, extra=senders))
     def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
         before = ledger_versions(declaration, queue)
-        report = run_cycle(spark.spark_session, declaration, queue, table, run_id=context.run.run_id,
+        report = run_cycle(lambda: spark.spark_session, declaration, queue, table, run_id=context.run.run_id,
                            on_wait=lambda holder: context.log.warning(
                                f"{queue}: waiting for the queue's lease, held by {holder.describe()}"))
         if report.skipped:

@@ -137,8 +137,17 @@ def _due_ids(tables: QueueTables, table: str, stats: TableStats) -> pa.Table:
     return due.to_table(columns=["message_id", "batch_id", "enqueued_at"])
 
 
+# A session, or what builds one: a small cycle never needs Spark, so a run that only has small
+# cycles to do never starts a JVM (or opens a Connect session).
+SessionSource = SparkSession | Callable[[], SparkSession]
+
+
+def _session(spark: SessionSource) -> SparkSession:
+    return spark if hasattr(spark, "read") else spark()  # type: ignore[operator]
+
+
 def run_cycle(
-    spark: SparkSession,
+    spark: SessionSource,
     declaration: Declaration,
     queue: str,
     table: str,
@@ -160,7 +169,7 @@ def run_cycle(
         return report
 
 
-def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables, table: str,
+def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTables, table: str,
               now: datetime | None, run_id: str, lease: Lease) -> CycleReport:
     started = time.perf_counter()
     queue = tables.queue
@@ -210,10 +219,11 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
         duplicates = find_duplicates(_due_ids(tables, table, stats), ledger)
     else:
         duplicates = Duplicates(frozenset(), frozenset())
-        batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
-        batch = mark_ended(spark, mark_duplicates(spark, batch, ledger), tables)
+        session = _session(spark)
+        batch = session.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
+        batch = mark_ended(session, mark_duplicates(session, batch, ledger), tables)
         if ordered:
-            batch = mark_blocked(spark, batch, tables, table)
+            batch = mark_blocked(session, batch, tables, table)
     spec = CycleSpec(
         queue=queue,
         table=table,
@@ -234,7 +244,7 @@ def _run_held(spark: SparkSession, declaration: Declaration, tables: QueueTables
         deliver = functools.partial(local.stage, rows, staging=entry.staging)
     else:
         if batch is None:
-            batch = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
+            batch = _session(spark).read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
         deliver = _on_spark(in_conversation_order(batch) if ordered else batch, entry.staging)
     report.worker_deaths = _stage(deliver, spec, tables.work_uri("inflight", table, lease.holder_id))
     lease.check()
