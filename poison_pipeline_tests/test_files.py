@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from poison_pipeline.domain.alerts import MESSAGES_FAILED
-from poison_pipeline.operations.checks import message_ids
+from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.checks import check_one_place, message_ids
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, queue_state, set_enabled
 from poison_pipeline.storage.files import files_dataset, rows_where_in
@@ -80,3 +81,31 @@ def test_a_queue_never_disabled_is_enabled_whatever_its_other_events(make_declar
     for seq in range(3):
         tables.append(EVENTS, _failed_event(seq))
     assert queue_state(tables).enabled
+
+
+
+def test_one_place_reads_a_file_once_then_follows_the_log(make_declaration, spark):
+    """After a first check, a check opens only the files added since (a file already read is not
+    opened again: its removal from disk goes unnoticed), drops what the log no longer lists, and
+    still finds an id in two tables."""
+    declaration = make_declaration(queue())
+    for part in range(3):
+        send(declaration, {f"m{part}-{i}": {"fail": True} for i in range(4)})
+    tables = QueueTables.of(declaration, "q")
+    assert check_one_place(tables).passed
+    first = pa.table(tables.open("inbound").get_add_actions(flatten=False))["path"].to_pylist()[0]
+    moved = os.path.join(tables.uri("inbound"), unquote(first))
+    os.rename(moved, moved + ".away")
+    send(declaration, {"late": {"fail": True}})
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == sorted(
+        [f"m{p}-{i}" for p in range(3) for i in range(4)] + ["late"])
+    os.rename(moved + ".away", moved)
+    # Every message fails twice and moves to retry_1: the inbound's files leave the log.
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.counts["moved"] == 13
+    assert message_ids(tables, "inbound").to_pylist() == []
+    assert check_one_place(tables).passed
+    send(declaration, {"m1-2": {}})  # enqueued again while its first copy waits in retry_1
+    outcome = check_one_place(tables)
+    assert not outcome.passed
+    assert outcome.metadata["sample"] == ["m1-2: inbound, retry_1"]

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, QUARANTINE
 from poison_pipeline.operations.conservation import conservation
-from poison_pipeline.storage.files import files_dataset
+from poison_pipeline.storage.files import cached_column
 from poison_pipeline.storage.intake import accepted_total, ensure_intake
 from poison_pipeline.storage.tables import QueueTables
 
@@ -74,7 +74,9 @@ def check_conservation(tables: QueueTables) -> CheckOutcome:
 
 def message_ids(tables: QueueTables, table: str) -> pa.ChunkedArray:
     """The message ids of a table (repeats kept): one column of the files the log lists, read with
-    pyarrow on its threads (storage/files.py)."""
+    pyarrow on its threads; a file already read by an earlier check is taken from the check's cache
+    beside the tables instead (storage/files.cached_column), so a check after a few new enqueues
+    reads those few files, not the thousands before them."""
     try:
         target = tables.open(table)
     except FileNotFoundError:
@@ -82,9 +84,9 @@ def message_ids(tables: QueueTables, table: str) -> pa.ChunkedArray:
     actions = pa.table(target.get_add_actions(flatten=False))
     if actions.num_rows == 0:
         return pa.chunked_array([], pa.string())
-    dataset = files_dataset(tables.uri(table), tables.storage_options, actions["path"].to_pylist(),
-                            actions["size_bytes"].to_pylist(), _IDS)
-    return dataset.to_table(columns=["message_id"])["message_id"]
+    return cached_column(tables.uri(table), tables.storage_options, actions["path"].to_pylist(),
+                         actions["size_bytes"].to_pylist(), _IDS, "message_id",
+                         tables.work_uri("checks", f"{table}.message_ids.parquet"))
 
 
 def check_one_place(tables: QueueTables) -> CheckOutcome:
