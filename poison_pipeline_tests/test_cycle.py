@@ -187,18 +187,6 @@ def test_drop_of_an_expired_message_goes_to_dead_letter(spark, make_declaration)
     assert rows(declaration, "dead_letter")[0]["reason"] == "expired"
 
 
-def test_duplicates_are_never_delivered_twice(spark, make_declaration):
-    declaration = make_declaration(queue())
-    send(declaration, {"a": {}})
-    run_cycle(spark, declaration, "q", "inbound")
-    send(declaration, {"a": {}, "b": {}})  # a redelivered copy of a processed message
-    send(declaration, {"b": {}})  # the same new message enqueued twice
-    report = run_cycle(spark, declaration, "q", "inbound")
-    assert report.counts["duplicate"] == 2 and report.counts["processed"] == 1
-    assert len(attempts_of(declaration, "a")) == 1 and len(attempts_of(declaration, "b")) == 1
-    assert sorted(places(declaration)["b"]) == ["processed:duplicate", "processed:processed"]
-
-
 def test_handler_timeout_aborts_the_attempt(spark, make_declaration):
     declaration = make_declaration(queue(receive_retry_count=0, max_retry_cycles=0,
                                          receive_error_handling="move", handler_timeout="300ms"))
