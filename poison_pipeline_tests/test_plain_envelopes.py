@@ -153,3 +153,17 @@ def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration) -
                       key=lambda row: row["message_id"])
 
     assert landed("q") == landed("r")
+
+
+def test_the_file_splitter_finds_the_lines_split_lines_finds():
+    """The bytes splitter of `enqueue_data` keeps exactly the non-blank lines, numbered as an editor
+    shows them: whitespace-only lines of every kind, empty lines, no final newline."""
+    from poison_pipeline.operations.enqueue import _split, split_lines
+
+    rng = random.Random(5)
+    alphabet = [b" ", b"\t", b"\r", b"\x0b", b"\x0c", b"{", b"}", b"a", b"\xff", b"\n", b"\n"]
+    for _ in range(3000):
+        data = b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        raws, numbers = _split(data)
+        assert list(zip(numbers.tolist(), raws.to_pylist(), strict=True)) == [
+            (line.number, line.raw) for line in split_lines(data)], data
