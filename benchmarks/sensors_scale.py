@@ -39,6 +39,7 @@ from poison_pipeline.domain.alerts import MESSAGES_FAILED  # noqa: E402
 from poison_pipeline.domain.declaration import Declaration  # noqa: E402
 from poison_pipeline.domain.envelope import parse_envelope  # noqa: E402
 from poison_pipeline.domain.routing import INBOUND, PROCESSED  # noqa: E402
+from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes  # noqa: E402
 from poison_pipeline.operations.checks import (  # noqa: E402
     DEAD_LETTER_GROWTH,
     POISON_GROWTH,
@@ -70,7 +71,7 @@ def _fill_processed(tables: QueueTables, rows: int) -> None:
     for part in range(10):
         ids = [f"done-{part}-{i}" for i in range(rows // 10)]
         batch = f"bench-processed-{part}"
-        data = pa.table({"message_id": ids})
+        data = pa.table({"message_id": ids, HASH_COLUMN: id_hashes(ids)})
         data = schemas.project(data, schemas.PROCESSED, conversation_id=None, message_type="order",
                                disposition="processed", from_table=INBOUND, batch_id=batch, total_abort_count=0,
                                move_count=0, at=now, date=now.date().isoformat(), cycle_seq=part)
