@@ -31,7 +31,6 @@ from poison_pipeline.engine.dedup import (
     SMALL_BATCH,
     Duplicates,
     Ledger,
-    files_dataset,
     find_duplicates,
     mark_duplicates,
 )
@@ -45,6 +44,7 @@ from poison_pipeline.engine.ordering import (
 from poison_pipeline.operations.interrupted import Completed, complete_interrupted
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
+from poison_pipeline.storage.files import files_dataset
 from poison_pipeline.storage.inflight import culprits
 from poison_pipeline.storage.journal import JournalEntry, journal_uri, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.lease import Holder, Lease
@@ -133,7 +133,7 @@ def _due_ids(tables: QueueTables, table: str, stats: TableStats) -> pa.Table:
     """The id columns of a small cycle's due messages, read on the driver from its due files."""
     root = tables.uri(table) + "/"
     paths = [uri.removeprefix(root) for uri in stats.due_files]
-    due = files_dataset(tables, table, paths, schemas.MESSAGE)
+    due = files_dataset(tables.uri(table), tables.storage_options, paths, None, schemas.MESSAGE)
     return due.to_table(columns=["message_id", "batch_id", "enqueued_at"])
 
 

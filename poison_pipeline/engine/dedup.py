@@ -17,14 +17,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import pyarrow.fs as pafs
 import xxhash
-from deltalake.fs import DeltaStorageHandler
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from poison_pipeline.domain.routing import PROCESSED, Disposition
 from poison_pipeline.engine.batch import DUPLICATE_COLUMN
+from poison_pipeline.storage.files import files_dataset, log_names
 from poison_pipeline.storage.tables import QueueTables
 
 HASH_COLUMN = "id_hash"
@@ -46,15 +45,6 @@ def id_hash(message_id: str) -> int:
 
 def id_hashes(ids: Iterable[str | None]) -> pa.Array:
     return pa.array([None if i is None else id_hash(i) for i in ids], pa.int64())
-
-
-def files_dataset(tables: QueueTables, table: str, paths: list[str], schema: pa.Schema,
-                  sizes: dict[str, int] | None = None) -> pads.Dataset:
-    """Files of a table (paths relative to it, as its log lists them) as a pyarrow dataset of
-    `schema`; columns a file lacks read as null. delta-rs's own dataset would first turn every
-    file's statistics into a partition expression, which costs more than the read itself."""
-    files = pafs.PyFileSystem(DeltaStorageHandler(tables.uri(table), tables.storage_options, sizes))
-    return pads.dataset(paths, schema=schema, format="parquet", filesystem=files)
 
 
 # What dedup reads of the ledger.
@@ -90,7 +80,9 @@ class Ledger:
                    tuple(paths.filter(pc.invert(hashed)).to_pylist()), sizes)
 
     def dataset(self, paths: Iterable[str]) -> pads.Dataset:
-        return files_dataset(self.tables, PROCESSED, list(paths), _LEDGER, self.sizes)
+        paths = list(paths)
+        return files_dataset(self.tables.uri(PROCESSED), self.tables.storage_options, paths,
+                             [self.sizes[p] for p in paths], _LEDGER)
 
     def uris(self, paths: Iterable[str]) -> list[str]:
         return [f"{self.tables.uri(PROCESSED)}/{path}" for path in paths]
@@ -117,7 +109,7 @@ def _processed(ids: pa.Array, ledger: Ledger) -> frozenset[str]:
     if ledger.hashed:
         hits = ledger.dataset(ledger.hashed).to_table(
             columns=[HASH_COLUMN, "__filename"], filter=pc.field(HASH_COLUMN).isin(id_hashes(ids.to_pylist())))
-        suspects = sorted(set(hits["__filename"].to_pylist()))
+        suspects = sorted(set(log_names(hits["__filename"].to_pylist(), ledger.hashed)))
     files = [*ledger.legacy, *suspects]
     if not files:
         return frozenset()

@@ -30,15 +30,18 @@ def _local_root(uri: str) -> str | None:
     return uri if len(parsed.scheme) <= 1 else None
 
 
-def files_dataset(uri: str, storage_options: dict[str, str], paths: Sequence[str], sizes: Sequence[int],
+def files_dataset(uri: str, storage_options: dict[str, str], paths: Sequence[str], sizes: Sequence[int] | None,
                   schema: pa.Schema) -> pads.Dataset:
     """The files `paths` (relative to the table at `uri`, as its log names them) as one dataset of
-    `schema`: no file is opened before it is read, and columns missing from a file read as nulls."""
+    `schema`: no file is opened before it is read, and columns missing from a file read as nulls.
+    `sizes` (as the log gives them) spare an object store a request per file; `__filename` of a
+    row is absolute on a local lake (see `log_names`)."""
     local = _local_root(uri)
     if local is not None:
         return pads.dataset([os.path.join(local, p) for p in paths], schema=schema, format="parquet",
                             filesystem=pafs.LocalFileSystem())
-    handler = DeltaStorageHandler(uri, storage_options, dict(zip(paths, sizes, strict=True)))
+    known = dict(zip(paths, sizes, strict=True)) if sizes is not None else None
+    handler = DeltaStorageHandler(uri, storage_options, known)
     return pads.dataset(list(paths), schema=schema, format="parquet", filesystem=pafs.PyFileSystem(handler))
 
 
@@ -61,6 +64,13 @@ def rows_where_in(uri: str, storage_options: dict[str, str], target: DeltaTable,
     dataset = files_dataset(uri, storage_options, actions["path"].to_pylist(), actions["size_bytes"].to_pylist(),
                             schema)
     return dataset.to_table(filter=pc.field(column).isin(list(values)))
+
+
+def log_names(filenames: Sequence[str], paths: Sequence[str]) -> list[str]:
+    """`__filename` values of a `files_dataset(paths)` read, as the log names them (`paths`),
+    whatever form the file system gave: Delta names every data file uniquely."""
+    names = {os.path.basename(p): p for p in paths}
+    return [names[os.path.basename(f)] for f in filenames]
 
 
 _PATH = "path"
@@ -88,9 +98,7 @@ def cached_column(uri: str, storage_options: dict[str, str], paths: Sequence[str
     if new:
         read = files_dataset(uri, storage_options, [p for p, _ in new], [s for _, s in new], schema).to_table(
             columns=[column, "__filename"])
-        # Back to the log's relative names, whatever form the file system gave.
-        names = {os.path.basename(p): p for p, _ in new}
-        relative = pa.array([names[os.path.basename(f)] for f in read["__filename"].to_pylist()], pa.string())
+        relative = pa.array(log_names(read["__filename"].to_pylist(), [p for p, _ in new]), pa.string())
         parts.append(pa.table({_PATH: relative, column: read[column]}))
     found = pa.concat_tables(parts)
     if cache_path and (new or found.num_rows != _rows(cache_path)):
