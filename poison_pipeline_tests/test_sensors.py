@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import json
+import time
 
-from dagster import DagsterInstance, SensorResult, build_sensor_context
+from dagster import (
+    DagsterEvent,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRunStatus,
+    EventLogEntry,
+    SensorResult,
+    build_sensor_context,
+    job,
+    op,
+)
 
 from poison_pipeline.defs.sensors import waiting_sensor
 from poison_pipeline.engine.cycle import run_cycle
@@ -99,3 +110,51 @@ def test_unreadable_cursor_counts_as_first_evaluation(make_declaration):
     send(declaration, {"a": {}})
     result = evaluate(declaration, "inbound", "{not json")
     assert len(result.run_requests) == 1
+
+
+
+def test_a_run_that_ended_badly_is_requested_again_for_the_same_state(make_declaration):
+    """A killed or failed cycle leaves its table unchanged: without a new key its messages would
+    wait for an unrelated change. A run that succeeded, or has not ended, is not requested again."""
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    sensor = waiting_sensor(declaration, "q", "inbound")
+    with DagsterInstance.ephemeral() as instance:
+
+        def step(cursor: str | None) -> SensorResult:
+            return sensor(build_sensor_context(instance=instance, cursor=cursor))
+
+        def run_for(result: SensorResult):
+            [request] = result.run_requests
+            return instance.create_run_for_job(_stand_in, tags={"dagster/run_key": request.run_key})
+
+        first = step(None)
+        key = first.run_requests[0].run_key
+        instance.report_run_failed(run_for(first))
+        second = step(first.cursor)
+        assert [r.run_key for r in second.run_requests] == [f"{key}/again-1"]
+        pending = run_for(second)
+        third = step(second.cursor)
+        assert not third.run_requests and "already requested" in third.skip_reason.skip_message
+        instance.report_run_canceled(pending)
+        fourth = step(third.cursor)
+        assert [r.run_key for r in fourth.run_requests] == [f"{key}/again-2"]
+        run = run_for(fourth)
+        instance.handle_new_event(_success_event(run.run_id, run.job_name))
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.SUCCESS
+        assert not step(fourth.cursor).run_requests
+
+
+@op
+def _nothing() -> None:
+    pass
+
+
+@job
+def _stand_in() -> None:
+    _nothing()
+
+
+def _success_event(run_id: str, job_name: str) -> EventLogEntry:
+    return EventLogEntry(error_info=None, level="INFO", user_message="", run_id=run_id, timestamp=time.time(),
+                         dagster_event=DagsterEvent(DagsterEventType.RUN_SUCCESS.value, job_name))

@@ -12,8 +12,11 @@ from typing import Any
 
 import pyarrow as pa
 from dagster import (
+    DagsterInstance,
+    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -45,8 +48,10 @@ def parse_cursor(raw: str | None) -> dict[str, Any]:
     return cursor if isinstance(cursor, dict) else {}
 
 
-def decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetime) -> Decision:
-    """Whether `table` has due messages that no run was requested for yet."""
+def decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetime,
+           last_run_failed: bool = False) -> Decision:
+    """Whether `table` has due messages that no run was requested for yet, or whose requested run
+    ended without success (`last_run_failed`: killed, failed or canceled)."""
     try:
         # Opening the table once says whether it exists too: a table of 10,000 commits costs an open.
         stats = tables.stats(table, now)
@@ -69,9 +74,33 @@ def decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetim
     digest = hashlib.sha1(",".join(stats.due_batches).encode()).hexdigest()[:12]
     # The same version and due batches always give the same key: Dagster launches a key once.
     run_key = f"{tables.queue}/{table}/v{stats.version}/{digest}"
-    if run_key == cursor.get("last_run_key"):
-        return Decision(None, base, f"a run was already requested for {run_key}")
+    return _request(run_key, base, cursor, last_run_failed, f"a run was already requested for {run_key}")
+
+
+def _request(run_key: str, base: dict[str, Any], cursor: dict[str, Any], last_run_failed: bool,
+             already: str) -> Decision:
+    """A run for `run_key` unless one was requested for it; again if that one ended badly."""
+    last = cursor.get("last_run_key") or ""
+    if last != run_key and not last.startswith(f"{run_key}/again-"):
+        return Decision(run_key, {**base, "last_run_key": run_key}, None)
+    if not last_run_failed:
+        return Decision(None, base, already)
+    # A run that died leaves the table as it was (its cycle is completed by the next one): the same
+    # state gets a new key, or its messages would wait for an unrelated change.
+    again = int(last.rpartition("/again-")[2]) + 1 if last != run_key else 1
+    run_key = f"{run_key}/again-{again}"
     return Decision(run_key, {**base, "last_run_key": run_key}, None)
+
+
+_ENDED_BADLY = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+
+
+def run_ended_badly(instance: DagsterInstance, run_key: str | None) -> bool:
+    """Whether the latest run launched for `run_key` ended without success."""
+    if not run_key:
+        return False
+    runs = instance.get_runs(RunsFilter(tags={"dagster/run_key": run_key}), limit=1)
+    return bool(runs) and runs[0].status in _ENDED_BADLY
 
 
 def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDefinition:
@@ -86,7 +115,9 @@ def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDe
     )
     def evaluate(context: SensorEvaluationContext) -> SensorResult:
         tables = QueueTables.of(declaration, queue)
-        decision = decide(tables, table, parse_cursor(context.cursor), datetime.now(UTC))
+        cursor = parse_cursor(context.cursor)
+        failed = run_ended_badly(context.instance, cursor.get("last_run_key"))
+        decision = decide(tables, table, cursor, datetime.now(UTC), failed)
         cursor = json.dumps(decision.cursor, sort_keys=True)
         if decision.run_key is None:
             return SensorResult(skip_reason=SkipReason(decision.skip), cursor=cursor)
@@ -96,9 +127,10 @@ def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDe
     return evaluate
 
 
-def decide_transmission(declaration: Declaration, queue: str, cursor: dict[str, Any], now: datetime) -> Decision:
+def decide_transmission(declaration: Declaration, queue: str, cursor: dict[str, Any], now: datetime,
+                        last_run_failed: bool = False) -> Decision:
     """Whether the transmission queue has messages a new offer could move: it changed, a queue it
-    may send to changed state, or a conversation's lifetime ran out."""
+    may send to changed state, or a conversation's lifetime ran out (or the last offer ended badly)."""
     tables = QueueTables.of(declaration, queue)
     if not tables.exists(TRANSMISSION):
         return Decision(None, cursor, f"{queue} has sent nothing yet")
@@ -115,9 +147,8 @@ def decide_transmission(declaration: Declaration, queue: str, cursor: dict[str, 
     states = {q: events_version(QueueTables.of(declaration, q)) for q in declaration.queues}
     digest = hashlib.sha1(json.dumps([states, expired], sort_keys=True).encode()).hexdigest()[:12]
     run_key = f"{queue}/{TRANSMISSION}/v{log.version()}/{digest}"
-    if run_key == cursor.get("last_run_key"):
-        return Decision(None, base, f"{pending} waiting; an offer was already requested for {run_key}")
-    return Decision(run_key, {**base, "last_run_key": run_key}, None)
+    return _request(run_key, base, cursor, last_run_failed,
+                    f"{pending} waiting; an offer was already requested for {run_key}")
 
 
 def transmission_sensor(declaration: Declaration, queue: str) -> SensorDefinition:
@@ -129,7 +160,9 @@ def transmission_sensor(declaration: Declaration, queue: str) -> SensorDefinitio
         description=f"Offers {queue}'s sent messages to their targets again when something changed.",
     )
     def evaluate(context: SensorEvaluationContext) -> SensorResult:
-        decision = decide_transmission(declaration, queue, parse_cursor(context.cursor), datetime.now(UTC))
+        cursor = parse_cursor(context.cursor)
+        failed = run_ended_badly(context.instance, cursor.get("last_run_key"))
+        decision = decide_transmission(declaration, queue, cursor, datetime.now(UTC), failed)
         cursor = json.dumps(decision.cursor, sort_keys=True)
         if decision.run_key is None:
             return SensorResult(skip_reason=SkipReason(decision.skip), cursor=cursor)
