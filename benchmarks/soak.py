@@ -40,6 +40,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -112,6 +113,8 @@ class Soak:
         self.declaration: Declaration = load_declaration(self.config)
         self.home = dg.dagster_home(folder)
         self.tally = Tally()
+        self.choosing = threading.Lock()
+        self.producer_conflicts = 0
         self.log = folder / "soak.log"
 
     def say(self, text: str) -> None:
@@ -146,17 +149,23 @@ class Soak:
         holder = QueueTables.of(self.declaration, str(run.queue)).lease_holder()
         return holder is not None and holder.run_id == run.run_id
 
-    def pick(self, instance: DagsterInstance, deadline: float, in_cycle: bool) -> dg.RunInfo | None:
+    def pick(self, instance: DagsterInstance, deadline: float, in_cycle: bool, doom: bool) -> dg.RunInfo | None:
         """A cycle run going now: one inside its cycle (holding the lease) when `in_cycle`, else any,
-        a random moment (up to 3 s) after it was found started."""
+        a random moment (up to 3 s) after it was found started; marked doomed when `doom` (to be
+        killed), in one step with the choice so that no other event picks it as going on."""
         while time.monotonic() < deadline:
             started = self.cycle_runs(instance)
             if in_cycle:
                 started = [r for r in started if self.holding(r)]
-            if started:
-                if not in_cycle:
-                    time.sleep(self.rng.uniform(0.0, 3.0))
-                return self.rng.choice(started)
+            elif started:
+                time.sleep(self.rng.uniform(0.0, 3.0))
+            with self.choosing:
+                started = [r for r in started if r.run_id not in self.tally.doomed]
+                if started:
+                    run = self.rng.choice(started)
+                    if doom:
+                        self.tally.doomed.add(run.run_id)
+                    return run
             time.sleep(0.25)
         return None
 
@@ -164,8 +173,7 @@ class Soak:
         """kill -9 a cycle run's process tree: every other kill inside the cycle (lease held), the
         others at a random moment of the run (starting, in its cycle, in its checks, ending)."""
         in_cycle = len(self.tally.kills) % 2 == 0
-        while (run := self.pick(instance, deadline, in_cycle)) is not None:
-            self.tally.doomed.add(run.run_id)  # the concurrent starts look for a run that goes on
+        while (run := self.pick(instance, deadline, in_cycle, doom=True)) is not None:
             pid = dg.run_pid(instance, run.run_id)
             frozen = dg.freeze(pid) if pid is not None else {}
             # Frozen, the run can neither release its lease nor renew it: this says where it stopped.
@@ -186,7 +194,7 @@ class Soak:
     def concurrent(self, server: dg.DagsterDev, instance: DagsterInstance, deadline: float) -> None:
         """While a cycle run of a queue is inside its cycle: the same asset from an asset page, and the
         same cycle from a script beside Dagster."""
-        run = self.pick(instance, deadline, in_cycle=True)
+        run = self.pick(instance, deadline, in_cycle=True, doom=False)
         if run is None:
             self.say("no cycle run to start beside this time")
             return
@@ -254,6 +262,7 @@ class Soak:
                 events = [chaos.submit(self._at, start + at, actions[what]) for at, what in self.schedule()]
                 time.sleep(max(0.0, end - time.monotonic()))
                 producer.join_checked()
+                self.producer_conflicts = producer.conflicts
                 stop_epoch = time.time()
                 self.say(f"producer stopped: {dict(producer.enqueued)}")
                 for event in events:
@@ -358,10 +367,11 @@ class Soak:
                 waited = "waiting for the queue's lease" in text
                 busy = "is busy" in text
                 killed = any(k["run_id"] == run.run_id for k in self.tally.kills)
-                clean = run.status == "SUCCESS" or busy or killed
+                # Still queued when the soak ended, and canceled by it: it never started.
+                clean = run.status in ("SUCCESS", "CANCELED") or busy or killed
                 dagster_tries.append({"run_id": run.run_id, "status": run.status, "waited": waited,
                                       "busy": busy, "clean": clean})
-        unclean_failures = self.unexplained_failures(instance, runs)
+        unclean_failures, conflicts = self.unexplained_failures(instance, runs)
         books = soak_verify.balances(self.declaration, dict(enqueued))
         delivered = soak_verify.deliveries(self.declaration, read_deliveries(self.app_db), spans)
         times = soak_verify.growth(cycles, start, stop)
@@ -369,6 +379,7 @@ class Soak:
         ok = (all(b["conservation"] and b["one_place"] and b["intake_matches"] for b in books.values())
               and delivered["duplicates_outside_allowance"] == 0 and not delivered["delivered_not_processed"]
               and not delivered["processed_not_delivered"] and not left and not unclean_failures
+              and not conflicts
               and all(t["clean"] for t in dagster_tries + outside)
               and all(o["enabled"] for o in self.tally.outages))
         growth = times["growth"]
@@ -399,30 +410,36 @@ class Soak:
             "conservation": {q: b["line"] for q, b in books.items()},
             **delivered,
             "unexplained_run_failures": unclean_failures,
+            "runs_failed_on_commit_conflict": conflicts,
+            "enqueue_commit_conflicts": self.producer_conflicts,
             "left_waiting": left,
             "cycle_medians_s_per_message": {q: e["s_per_message"] for q, e in times["per_queue"].items()},
             "cycle_medians_duration_s": {q: e["duration_s"] for q, e in times["per_queue"].items()},
             "cycles_per_third": {q: e["cycles"] for q, e in times["per_queue"].items()},
+            "cycles_first_last_third": times["cycles"],
             "cycle_growth": growth,
-            "cycle_growth_max": times["growth_max"],
             "cycle_growth_target": times["growth_target"],
             "correct": ok,
             "within_target": ok and growth is not None and growth <= times["growth_target"],
         }
 
-    def unexplained_failures(self, instance: DagsterInstance, runs: list[dg.RunInfo]) -> list[dict[str, str]]:
+    def unexplained_failures(self, instance: DagsterInstance,
+                             runs: list[dg.RunInfo]) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
         """Failed runs that are neither killed by the soak, nor a concurrent start that found the queue
-        busy, nor a queue_disabled alert (which fails by design so that it shows in red)."""
+        busy, nor a queue_disabled alert (which fails by design so that it shows in red); those that
+        failed because a commit lost a race to a concurrent one (delta-rs's CommitFailedError: a
+        known defect, counted apart so that the soak still sees any other kind) come second."""
         killed = {k["run_id"] for k in self.tally.kills}
-        found = []
+        found, conflicts = [], []
         for run in runs:
             if run.status != "FAILURE" or run.run_id in killed or run.job.endswith("__queue_disabled_alert"):
                 continue
             text = dg.run_log_text(instance, run.run_id)
             if "is busy" in text and run.tags.get("poison_pipeline/soak") == "concurrent":
                 continue
-            found.append({"run_id": run.run_id, "job": run.job, "error": text[-1500:]})
-        return found
+            failure = {"run_id": run.run_id, "job": run.job, "error": text[:1500]}
+            (conflicts if "CommitFailedError" in text else found).append(failure)
+        return found, conflicts
 
 
 def main(argv: list[str] | None = None) -> int:

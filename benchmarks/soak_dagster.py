@@ -238,14 +238,18 @@ def run_pid(instance: DagsterInstance, run_id: str) -> int | None:
 
 
 def run_log_text(instance: DagsterInstance, run_id: str) -> str:
-    """Every message of a run's event log, failures' error text included."""
-    texts = []
+    """Every message of a run's event log, and each failed step's error with its causes (the
+    error's own lines first: the stack of a long one would crowd them out)."""
+    texts, errors = [], []
     for event in instance.all_logs(run_id):
         texts.append(event.message or "")
         dagster_event = event.dagster_event
         if dagster_event is not None and dagster_event.is_step_failure and dagster_event.step_failure_data:
-            texts.append(dagster_event.step_failure_data.error.to_string())
-    return "\n".join(texts)
+            error = dagster_event.step_failure_data.error
+            while error is not None:
+                errors.append(f"{error.cls_name}: {error.message.strip()}")
+                error = error.cause
+    return "\n".join(errors + texts)
 
 
 def cycle_materializations(instance: DagsterInstance, run_id: str) -> list[dict[str, Any]]:

@@ -9,6 +9,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
+from deltalake.exceptions import CommitFailedError
+
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.examples.generate import (
     account_messages,
@@ -17,7 +19,7 @@ from poison_pipeline.examples.generate import (
     order_messages,
     presentation_messages,
 )
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.enqueue import EnqueueResult, enqueue
 
 # A conversation's lifetime for checkout's shipments: long enough that none expires in the soak
 # (expiry and resends are the demo's scenario, not load).
@@ -70,6 +72,7 @@ class Producer(threading.Thread):
         self.enqueued: Counter[str] = Counter()
         self.batches = 0
         self.error: BaseException | None = None
+        self.conflicts = 0
 
     def run(self) -> None:
         try:
@@ -77,7 +80,7 @@ class Producer(threading.Thread):
                 for queue in self.declaration.queues:
                     records = batch_of(queue, self.batches, self.rng)
                     if records:
-                        result = enqueue(self.declaration, queue, records)
+                        result = self._enqueue(queue, records)
                         if result.refused:
                             raise RuntimeError(f"{queue}: the producer's messages were refused: {result.refused[:3]}")
                         self.enqueued[queue] += result.accepted
@@ -85,6 +88,18 @@ class Producer(threading.Thread):
                 self.stopped.wait(self.interval)
         except BaseException as error:  # noqa: BLE001 - handed to the soak's thread by join_checked
             self.error = error
+
+    def _enqueue(self, queue: str, records: list[dict[str, Any]]) -> EnqueueResult:
+        """Enqueue; again when the inbound append lost a commit race to a cycle's delete (delta-rs
+        refuses it: "a concurrent transaction deleted data this operation read"). A failed commit
+        wrote nothing, so trying again cannot enqueue twice; each such retry is counted."""
+        for _ in range(10):
+            try:
+                return enqueue(self.declaration, queue, records)
+            except CommitFailedError:
+                self.conflicts += 1
+                self.stopped.wait(0.2)
+        return enqueue(self.declaration, queue, records)
 
     def join_checked(self) -> None:
         self.stopped.set()
