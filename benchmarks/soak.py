@@ -15,20 +15,21 @@ the daemon's sensors launches the cycles, while:
 - an outage: the inventory database goes down at a third of the time (examples/handlers.py's
   flag file) until the outage detection has disabled the queue, stays down a while, comes back,
   and `poison-pipeline enable inventory` resumes the queue; one outage per 10 minutes;
-- kills: at random moments a running cycle run's process tree is killed with SIGKILL (about one
-  kill a minute);
-- concurrent starts: while a cycle run of a queue is running, the same asset is materialized
+- kills: at random moments a running cycle run's process tree is killed with SIGKILL, every other
+  one while the run is inside its cycle (holding the queue's lease), about one kill a minute;
+- concurrent starts: while a cycle run of a queue is inside its cycle, the same asset is materialized
   from outside its job (an asset page's launch: no queue tag, so only the lease keeps the two
   apart) and a script runs the same cycle with `run_cycle` beside Dagster; each must finish or
   fail cleanly as busy (about one try a minute).
 
 Then the producer stops; the sensors get `--drain-seconds` to empty the queues, the sensors are
-stopped, the runs left finish, `dagster dev` stops, and whatever still waits is drained by cycles
-run directly. Checked: every queue's conservation and one_place checks, the intake against what
-was enqueued, each message delivered once (a run that failed or was killed committed nothing, so
-its deliveries are delivered again: allowed), every processed message delivered, and the cycle
-time (median seconds per message of the first and last thirds, per queue). Prints one JSON line
-and appends it to benchmarks/results/soak.jsonl; exits 1 if a correctness check failed.
+stopped, runs still queued are canceled, those started finish, `dagster dev` stops, and whatever
+still waits is drained by cycles run directly. Checked: every queue's conservation and one_place
+checks, the intake against what was enqueued, each message delivered once (a run that failed or was
+killed committed nothing, so its deliveries are delivered again: allowed), every processed message
+delivered, no run failed for a reason of its own, and the cycle time (seconds per message, first
+third against last: soak_verify.growth). Prints one JSON line and appends it to
+benchmarks/results/soak.jsonl; exits 1 if a correctness check failed.
 """
 
 from __future__ import annotations
