@@ -240,8 +240,9 @@ def _leaks(root: Path, secrets: Iterable[str], skip: Iterable[Path]) -> list[str
 def test_storage_options_appear_nowhere_a_run_writes(tmp_path, capsys, caplog):
     caplog.set_level(logging.DEBUG)
     secrets = {key: f"confine-{key}-{uuid.uuid4().hex}" for key in
-               ("aws_secret_access_key", "azure_storage_account_key", "token")}
+               ("aws_access_key_id", "aws_secret_access_key", "azure_storage_account_key", "token")}
     lake, home = tmp_path / "lake", tmp_path / "dagster_home"
+    home.mkdir()
     local, unreachable = tmp_path / "local.yaml", tmp_path / "unreachable.yaml"
     spark = {"master": "local[1]", "config": {"spark.sql.shuffle.partitions": "1", "spark.log.level": "INFO"}}
     policy = {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "move"}
@@ -267,7 +268,7 @@ def test_storage_options_appear_nowhere_a_run_writes(tmp_path, capsys, caplog):
     assert [r["success"] for r in runs] == [True, True, False], runs
     assert "confine-bucket" in "".join(runs[2]["errors"])  # the failure names the store, not its keys
     log = err.read_text()
-    assert "Running Spark version" in log and "DEBUG" in log  # Spark's and Python's logs were captured
+    assert 'Setting Spark log level to "INFO"' in log and "DEBUG" in log  # Spark's and Python's logs are here
     assert places(declaration) == {"ok": ["processed:processed"], "bad": ["quarantine"],
                                    "../../escape": ["quarantine"]}
     assert _stray(tmp_path, [lake, home, local, unreachable, out, err]) == []
