@@ -191,7 +191,8 @@ def test_operator_ids_that_would_leave_the_lake_are_refused_before_anything_is_w
             purge(declaration, "q", "quarantine", "1d", purge_id=hostile)
         with pytest.raises(EditError, match=LAKE_RULE):
             edit(declaration, "bad", b"{}", edit_id=hostile)
-    assert main(["--config", str(config), "status", "../q"]) == 2
+    assert main(["--config", str(config), "status", "--queue", "../q"]) == 2
+    assert "no queue '../q' is declared" in capsys.readouterr().err
     assert table_versions(declaration) == before
     assert places(declaration) == {"bad": ["quarantine"]}
     assert _stray(tmp_path, [tmp_path / "lake", config, body]) == []
@@ -378,6 +379,7 @@ def test_make_ui_listens_on_localhost_only(tmp_path):
             time.sleep(1)
         time.sleep(3)  # the daemon and code server settle beside the webserver
         started = _process_tree(ui.pid)
+        names = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in started if alive(pid)}
         sockets = _listening(started)
         ports = {p for _, p, _ in sockets}
         connect = re.search(r"Spark Connect server at sc://127\.0\.0\.1:(\d+)", log.read_text())
@@ -394,4 +396,8 @@ def test_make_ui_listens_on_localhost_only(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()
-    assert [pid for pid in started if alive(pid)] == []  # ui.py stopped everything it started
+    # ui.py stopped everything it started (dagster dev's code servers end on their own, a moment later).
+    deadline = time.monotonic() + 30
+    while (left := [names.get(pid, pid) for pid in started if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == []
