@@ -27,7 +27,9 @@ def main(args: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     declaration = load_declaration()
     env = dict(os.environ)
-    dagster = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", "workspace.yaml", *args]
+    # The webserver on localhost only, whatever dagster's default becomes; `-h HOST` still chooses.
+    host = [] if {"-h", "--host", "--dagit-host"} & {a.split("=")[0] for a in args} else ["--host", "127.0.0.1"]
+    dagster = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", "workspace.yaml", *host, *args]
     if declaration.spark.remote:
         return subprocess.call(dagster, env=env)
     print("starting a Spark Connect server for the runs (localhost only)...", flush=True)

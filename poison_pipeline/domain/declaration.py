@@ -18,7 +18,7 @@ from poison_pipeline.domain.policy import Duration, Ordering, PoisonQueuePolicy,
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.handlers import batch_size
 
-_QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_QUEUE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 CONFIG_ENV = "POISON_PIPELINE_CONFIG"
 # The tables a declared retention purges: where failed messages stay until someone decides.
 RETENTION_TABLES = FAILURE_TABLES
@@ -26,6 +26,14 @@ RETENTION_TABLES = FAILURE_TABLES
 
 class DeclarationError(ValueError):
     """The declaration is invalid; the message names every field, value and rule broken."""
+
+
+MASK = "***"
+
+
+def masked(options: object) -> object:
+    """Storage options as they may be shown: their keys, never their values (credentials)."""
+    return {str(k): MASK for k in options} if isinstance(options, dict) else MASK
 
 
 class SparkSettings(BaseModel):
@@ -194,6 +202,11 @@ class Declaration(BaseModel):
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     small_cycles: SmallCycles = Field(default_factory=SmallCycles)
 
+    def __repr_args__(self) -> Any:
+        # repr and str of a declaration end up in logs and error messages: no credentials there.
+        for name, value in super().__repr_args__():
+            yield name, masked(value) if name == "storage_options" else value
+
     @field_validator("alert_hook")
     @classmethod
     def _alert_hook_path(cls, value: str | None) -> str | None:
@@ -207,7 +220,7 @@ class Declaration(BaseModel):
         if not value:
             raise ValueError("declare at least one queue")
         for name in value:
-            if not _QUEUE_NAME.match(name):
+            if not _QUEUE_NAME.fullmatch(name):
                 raise ValueError(
                     f"queue name {name!r} must be lowercase letters, digits and _, "
                     "starting with a letter (it names tables and Dagster assets)"
@@ -233,8 +246,18 @@ def _format(error: ValidationError, source: str) -> str:
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where} = {item.get('input')!r}: {message}")
+        lines.append(f"  {where} = {_shown_input(item['loc'], item.get('input'))!r}: {message}")
     return "\n".join(lines)
+
+
+def _shown_input(loc: tuple[int | str, ...], value: object) -> object:
+    """The value an error was about, storage options masked (an error about a missing top-level
+    field is about the whole declaration)."""
+    if loc[:1] == ("storage_options",):
+        return masked(value) if len(loc) == 1 else MASK
+    if isinstance(value, dict) and "storage_options" in value:
+        return {**value, "storage_options": masked(value["storage_options"])}
+    return value
 
 
 def parse_declaration(data: Any, source: str = "<dict>", base_dir: Path | None = None) -> Declaration:

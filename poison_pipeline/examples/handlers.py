@@ -13,8 +13,10 @@
   whole batches; a recalled item fails its batch and is found by bisection.
 
 The "application database" the handlers and the clean-up hook use is a folder:
-$POISON_PIPELINE_APP_DB, or ./app_db. A conversation id is free text: no path is built from it (a
-presentation's folder is named by a digest of it).
+$POISON_PIPELINE_APP_DB, or ./app_db. Message fields are free text (`../../x`, an absolute path,
+NUL): a path built from one is either named by a digest of it (a presentation's folder) or joined
+with `safe_path`, which refuses a part that would leave the folder (a profile), so a hostile
+message fails, and is rejected, instead of writing elsewhere.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from poison_pipeline.domain.envelope import Message
-from poison_pipeline.handlers import batch_handler
+from poison_pipeline.handlers import batch_handler, safe_path
 
 
 class PartObsolete(Exception):  # noqa: N818 - domain name, as the application calls it
@@ -89,7 +91,7 @@ def place_order(message: Message) -> None:
 def account_event(message: Message) -> None:
     """accounts.create_profile creates the profile; accounts.place_order needs it."""
     user = message.json()["user"]
-    profile = app_db() / "profiles" / user
+    profile = safe_path(app_db(), "profiles", user)  # UnsafePath (unrecoverable here) for `../../x`
     if message.message_type == "accounts.create_profile":
         profile.parent.mkdir(parents=True, exist_ok=True)
         profile.touch()

@@ -31,6 +31,7 @@ import pyarrow.dataset as pads
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
+from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import INBOUND
 from poison_pipeline.operations.actions import DONE, begin_action, default_actor, find_action, finish_action
 from poison_pipeline.operations.redrive import Replacement, redrive
@@ -109,7 +110,7 @@ def edit(declaration: Declaration, message_id: str, body: bytes, headers: dict[s
         raise EditError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
     if source is not None and source not in FAILURE_TABLES:
         raise EditError(f"--from {source!r}: choose poison, dead_letter or quarantine")
-    edit_id = edit_id or _default_id(message_id, queue, body, given)
+    edit_id = operator_id(edit_id, EditError) or _default_id(message_id, queue, body, given)
     actor = actor or default_actor()
     copies = _failed_copies(declaration, message_id, queue, source)
     recorded = _recorded_edit(declaration, edit_id, queue)

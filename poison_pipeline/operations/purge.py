@@ -37,6 +37,7 @@ import pyarrow.fs as pafs
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import FAILED_AT
 from poison_pipeline.operations.actions import (
     DONE,
@@ -120,6 +121,7 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
         check_table(table)
     except SelectionError as error:
         raise PurgeError(f"--table {error}") from None
+    operator_id(purge_id, PurgeError)
     age = _age(older_than)
     now = now or datetime.now(UTC)
     bounded, cutoff = _bounded(selection or Selection(), now - age)

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
 from poison_pipeline.operations.actions import DONE, begin_action, default_actor, find_action, finish_action
 from poison_pipeline.operations.groups import group_id, group_key
@@ -116,7 +117,7 @@ def redrive(declaration: Declaration, queue: str, source: str, selection: Select
     replacements = tuple(sorted((replace or {}).items()))
     request = _checked(declaration, RedriveRequest(queue, source, to or queue, selection or Selection(),
                                                    rate, limit, force, replacements))
-    redrive_id = redrive_id or request.default_id()
+    redrive_id = operator_id(redrive_id, RedriveError) or request.default_id()
     tables = QueueTables.of(declaration, queue)
     if dry_run:
         # Nothing is written, not even the tables a first redrive would create.

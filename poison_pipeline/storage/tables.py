@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +15,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, WriterPropertie
 from deltalake.exceptions import TableNotFoundError
 
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings
+from poison_pipeline.domain.paths import lake_path, segment
 from poison_pipeline.domain.routing import (
     DEAD_LETTER,
     INBOUND,
@@ -105,7 +106,7 @@ def _whole_due_batches(paths: list[str], dues: list[datetime | None], batches: d
 class QueueTables:
     lake_root: str
     queue: str
-    storage_options: dict[str, str]
+    storage_options: dict[str, str] = field(repr=False)  # credentials: never in a repr
     waiting: tuple[str, ...]
     lease_settings: LeaseSettings = LeaseSettings()
 
@@ -125,12 +126,15 @@ class QueueTables:
         return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
                 CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED)
 
+    def __post_init__(self) -> None:
+        segment(self.queue, "queue name")
+
     def uri(self, table: str) -> str:
-        return f"{self.lake_root}/{self.queue}/{table}"
+        return lake_path(self.lake_root, self.queue, table)
 
     def work_uri(self, *parts: str) -> str:
         """Where the cycle journal and staged results live, beside the tables."""
-        return "/".join((self.lake_root, self.queue, "_work", *parts))
+        return lake_path(self.lake_root, self.queue, "_work", *parts)
 
     def lease(self, purpose: str, run_id: str = "manual",
               on_wait: Callable[[Holder], None] | None = None) -> AbstractContextManager[Lease]:
