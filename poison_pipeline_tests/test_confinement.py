@@ -401,3 +401,13 @@ def test_make_ui_listens_on_localhost_only(tmp_path):
     while (left := [names.get(pid, pid) for pid in started if alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == []
+
+
+def test_an_embedded_spark_driver_listens_on_loopback_only(spark):
+    """A run's own local[...] session (the test suite's, built as every run builds it) opens its
+    driver's ports on 127.0.0.1 only, not on the machine's network address."""
+    spark.range(3).count()  # the driver's block manager and RPC ports are open once a job ran
+    sockets = _listening(_process_tree(os.getpid()))
+    java = [s for s in sockets if b"java" in Path(f"/proc/{s[2]}/cmdline").read_bytes()[:200]]
+    assert java, sockets
+    assert all(address in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for address, _, _ in java), java

@@ -26,9 +26,15 @@ DEFAULTS = {
 }
 
 
+# An embedded driver has no other machine to talk to: it listens on loopback only (Spark would
+# otherwise bind every interface and advertise the machine's address).
+LOCAL_DEFAULTS = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+
+
 def session_config(settings: SparkSettings) -> dict[str, str]:
     """The Spark configuration a session of `settings` runs with (also a Connect server's)."""
-    return {**DEFAULTS, **settings.config, **REQUIRED}
+    local = LOCAL_DEFAULTS if settings.remote is None and settings.master.startswith("local") else {}
+    return {**DEFAULTS, **local, **settings.config, **REQUIRED}
 
 
 def shared_session(remote: str) -> bool:
