@@ -31,7 +31,8 @@ import pyarrow.parquet as pq
 
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.journal import fs_of, remove_tree
+from poison_pipeline.storage.journal import remove_tree
+from poison_pipeline.storage.uri import fs_of
 
 # Spark hands mapInArrow batches of at most this many rows (spark.sql.execution.arrow.maxRecordsPerBatch).
 _BATCH_ROWS = 10_000
