@@ -74,15 +74,14 @@ def _leak_thread() -> None:
 
 
 def _mutate(message: Message, log: str) -> None:
-    """Change everything of the message a handler can reach, then fail, so that a later attempt
-    (and the stored row) can show whether the change leaked."""
+    """Change everything of the message a handler can reach, then fail, so that the next attempt
+    (and the row stored where the message ends) shows whether the change leaked."""
     _log(message, log, "saw", headers=dict(message.headers), body=message.text())
     message.headers["tampered"] = "yes"
     message.headers.pop("origin", None)
     object.__setattr__(message.envelope, "body", b'{"tampered": true}')
     object.__setattr__(message.envelope, "message_type", "tampered")
-    if message.attempt == 1:
-        raise ValueError("failing after mutating the message")
+    raise ValueError("failing after mutating the message")
 
 
 def _raise(error: BaseException) -> Callable[[], None]:
