@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from poison_pipeline.engine import watchdog
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import remove_tree
@@ -71,6 +72,7 @@ def _serve_one(driver: Connection, request: bytes) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         with os.fdopen(writable, "wb") as out:
             out.write(pickle.dumps(_route(request)))
+        watchdog.stop()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

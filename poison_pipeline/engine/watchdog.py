@@ -91,6 +91,16 @@ def disarm() -> None:
         struct.pack_into("d", shared.memory, 0, 0.0)
 
 
+def stop() -> None:
+    """End this process's watchdog and reap it, when the process is about to end: an orphaned one
+    would end by itself, but might never be reaped (a container whose first process reaps nothing)."""
+    global _shared
+    if _shared is not None and _shared.pid == os.getpid():
+        _shared.process.kill()
+        _shared.process.wait()
+    _shared = None
+
+
 # --- the watchdog process ------------------------------------------------------------------------
 
 
