@@ -84,19 +84,27 @@ def _mutate(message: Message, log: str) -> None:
     raise ValueError("failing after mutating the message")
 
 
-def _raise(error: BaseException) -> Callable[[], None]:
+class Unprintable(Exception):  # noqa: N818 - named for what it is
+    """An exception whose message cannot even be read: str() of it fails."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exception fails")
+
+
+def _raise(kind: type[BaseException], *args: Any) -> Callable[[], None]:
     def run() -> None:
-        raise error
+        raise kind(*args)
 
     return run
 
 
 KINDS: dict[str, Callable[[], Any]] = {
     "ok": lambda: None,
-    "exception": _raise(ValueError("an ordinary exception")),
+    "exception": _raise(ValueError, "an ordinary exception"),
+    "unprintable_exception": _raise(Unprintable),
     "system_exit": lambda: sys.exit(3),
-    "keyboard_interrupt": _raise(KeyboardInterrupt()),
-    "generator_exit": _raise(GeneratorExit()),
+    "keyboard_interrupt": _raise(KeyboardInterrupt),
+    "generator_exit": _raise(GeneratorExit),
     "memory_error": lambda: bytearray(1 << 62),  # a real allocation that fails
     "recursion_error": lambda: _recurse(0),
     "segfault": lambda: ctypes.string_at(0),

@@ -121,6 +121,7 @@ def _no_orphan_watchdogs() -> None:
 # Kind -> its attempts (receive_retry_count 1: two per cycle) and where the message ends.
 _ABORTS = {
     "exception": "ValueError",
+    "unprintable_exception": "poison_pipeline_tests.failure_handlers.Unprintable",
     "system_exit": "SystemExit",
     "keyboard_interrupt": "KeyboardInterrupt",
     "generator_exit": "GeneratorExit",
