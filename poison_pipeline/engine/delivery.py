@@ -1,6 +1,8 @@
 """Delivering one message to its handler, attempt after attempt, on an executor.
 
-Each attempt is isolated: whatever the handler raises (or a timeout) aborts that attempt only.
+Each attempt is isolated: whatever the handler raises (or a timeout) aborts that attempt only; a
+handler the timeout cannot interrupt is killed with its worker (engine/watchdog.py), and the
+cycle's careful re-run charges it (engine/cycle._stage).
 """
 
 from __future__ import annotations

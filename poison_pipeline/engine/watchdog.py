@@ -115,8 +115,8 @@ def watch(parent: int, fd: int) -> None:
             time.sleep(min(left, POLL_SECONDS))
             continue
         note = bytes(memory[_HEAD.size:_HEAD.size + length]).decode() if length else None
-        if note:
-            _write_note(note)
+        if note and not _write_note(note):
+            note = None  # the kill still happens; it will count as a crash
         # The attempt may have ended while the note was written: then it must not be charged.
         if _HEAD.unpack_from(memory, 0)[:2] != (deadline, attempt) or os.getppid() != parent:
             if note:
@@ -126,11 +126,15 @@ def watch(parent: int, fd: int) -> None:
         return
 
 
-def _write_note(marker: str) -> None:
+def _write_note(marker: str) -> bool:
     # Imported here: the watchdog needs pyarrow only when it kills, not to start.
     from poison_pipeline.storage.inflight import note_timeout
 
-    note_timeout(marker)
+    try:
+        note_timeout(marker)
+    except Exception:  # noqa: BLE001 - a storage error must not stop the kill
+        return False
+    return True
 
 
 def _remove_note(marker: str) -> None:
