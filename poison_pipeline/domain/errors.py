@@ -145,6 +145,15 @@ def _frames(error: BaseException, own_package: str | None = None) -> tuple[tuple
     return site, *cached
 
 
+def _safe_str(value: object) -> str:
+    """str() of what a handler raised, which runs the handler's code: when that fails, what the
+    traceback module prints instead, so that the attempt is still described and charged."""
+    try:
+        return str(value)
+    except BaseException:  # noqa: BLE001 - any failure of the handler's __str__
+        return "<exception str() failed>"
+
+
 def _exception_line(error: BaseException, text: str) -> str:
     """What `traceback.format_exception_only` gives for `error` (whose str() is `text`), built
     directly in the common case: that function builds a TracebackException, several times the
@@ -180,9 +189,12 @@ def describe(error: BaseException, own_package: str | None = None) -> ErrorInfo:
     innermost frame of the handler's own code (`is_handler_code`; `own_package` is the handler's
     top-level package, see `handler_package`). Cheap: frames are formatted once per failure site."""
     site, frames, top = _frames(error, own_package)
-    text = str(error)
-    code = getattr(error, "code", None)
-    code_text = None if code is None else str(code)
+    text = _safe_str(error)
+    try:
+        code = getattr(error, "code", None)
+    except BaseException:  # noqa: BLE001 - a broken `code` property is no code
+        code = None
+    code_text = None if code is None else _safe_str(code)
     # A chained error's stack shows its causes and a note shows in it, neither of which the site
     # and text capture: those are described afresh each time.
     cacheable = not _chained(error) and getattr(error, "__notes__", None) is None

@@ -31,6 +31,7 @@ from poison_pipeline.domain.routing import (
     route_poison,
     waiting_tables,
 )
+from poison_pipeline.engine import output, watchdog
 from poison_pipeline.engine.bisection import deliver_batch
 from poison_pipeline.engine.changes import Changes
 from poison_pipeline.engine.delivery import Delivery, deliver
@@ -71,9 +72,10 @@ class CycleSpec:
     ended: frozenset[str] = frozenset()
     blocked: dict[str, Blocked] = field(default_factory=dict)
     # Set on the careful re-run after a worker died: where each task marks the message in flight,
-    # and how many of this cycle's attempts of each message killed their worker.
+    # and how each of this cycle's attempts of a message that killed its worker ended
+    # (delivery.CRASH, or delivery.TIMEOUT when the watchdog killed it).
     inflight: str | None = None
-    crashed: dict[str, int] = field(default_factory=dict)
+    crashed: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def is_poison(self) -> bool:
@@ -181,7 +183,11 @@ class Processor:
         self.queue = spec.queue
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # Here, not in __init__: this runs in the worker (a Spark executor's, or a small cycle's).
         self.marker = Marker(self.spec.inflight) if self.spec.inflight else None
+        output.install()
+        if self.timeout is not None and self.handler is not None:
+            watchdog.prepare(self.marker.uri if self.marker is not None else None)
         # A batch is held back while an outage could still undo some of its routes.
         pending: list[tuple[pa.RecordBatch, Changes]] = []
         for batch in batches:
@@ -264,20 +270,21 @@ class Processor:
         assert handler is not None
         if self.batch_size:  # one at a time on a careful re-run, so a dead worker names its message
             handler = _one_of(handler)
-        envelope = rows.envelope(i)
+        message_id = rows.message_id[i]
         if self.marker is not None:
-            self.marker.mark(envelope.message_id)
-        delivery = deliver(handler, lambda attempt: self._message(rows, i, envelope, attempt),
+            self.marker.mark(message_id)
+        # A fresh envelope for each attempt: what a handler changes in its message (headers, or
+        # anything forced) never reaches the next attempt; the stored row is the batch's, untouched.
+        delivery = deliver(handler, lambda attempt: self._message(rows, i, rows.envelope(i), attempt),
                            self.attempts, self.timeout, self.classifier,
-                           crashes=self.spec.crashed.get(envelope.message_id, 0) if self.spec.crashed else 0)
+                           deaths=self.spec.crashed.get(message_id, ()) if self.spec.crashed else ())
         self._settle(rows, i, delivery, changes)
 
     def _deliver_group(self, rows: _Rows, indices: list[int], changes: Changes) -> None:
         assert self.handler is not None
-        envelopes = [rows.envelope(i) for i in indices]
         deliveries = deliver_batch(
             self.handler,
-            lambda k, attempt: self._message(rows, indices[k], envelopes[k], attempt),
+            lambda k, attempt: self._message(rows, indices[k], rows.envelope(indices[k]), attempt),
             len(indices), self.attempts, self.timeout, self.classifier,
         )
         for i, delivery in zip(indices, deliveries, strict=True):

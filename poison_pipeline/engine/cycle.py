@@ -34,6 +34,7 @@ from poison_pipeline.engine.dedup import (
     find_duplicates,
     mark_duplicates,
 )
+from poison_pipeline.engine.delivery import CRASH, TIMEOUT
 from poison_pipeline.engine.ended import mark_ended
 from poison_pipeline.engine.ordering import (
     blocked_conversations,
@@ -103,12 +104,13 @@ def _stage(deliver: Callable[[CycleSpec], None], spec: CycleSpec, inflight: str)
 
     A handler that kills its Python worker fails the whole delivery. It is then run again
     carefully: each task marks the message it is delivering, so the next death names its message,
-    which is charged one aborted attempt (outcome `crash`) per death and never called more often
-    than its attempts allow. Every other message is simply delivered again in the next run:
+    which is charged one aborted attempt per death (outcome `crash`; `timeout`, a HandlerTimeout,
+    when the watchdog killed a hung attempt: engine/watchdog.py) and never called more often than
+    its attempts allow. Every other message is simply delivered again in the next run:
     nothing of a failed delivery was committed, and receivers are idempotent by message id.
     """
     deaths = 0
-    crashed: dict[str, int] = {}
+    crashed: dict[str, tuple[str, ...]] = {}
     careful = False
     while True:
         try:
@@ -125,8 +127,9 @@ def _stage(deliver: Callable[[CycleSpec], None], spec: CycleSpec, inflight: str)
                 continue
             if not found:
                 raise
-            for message_id in found:
-                crashed[message_id] = crashed.get(message_id, 0) + 1
+            for culprit in found:
+                how = TIMEOUT if culprit.timed_out else CRASH
+                crashed[culprit.message_id] = (*crashed.get(culprit.message_id, ()), how)
 
 
 def _due_ids(tables: QueueTables, table: str, stats: TableStats) -> pa.Table:

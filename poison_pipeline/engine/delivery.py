@@ -1,6 +1,8 @@
 """Delivering one message to its handler, attempt after attempt, on an executor.
 
-Each attempt is isolated: whatever the handler raises (or a timeout) aborts that attempt only.
+Each attempt is isolated: whatever the handler raises (or a timeout) aborts that attempt only; a
+handler the timeout cannot interrupt is killed with its worker (engine/watchdog.py), and the
+cycle's careful re-run charges it (engine/cycle._stage).
 """
 
 from __future__ import annotations
@@ -8,7 +10,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -17,6 +20,7 @@ from typing import Any, NamedTuple
 from poison_pipeline.domain.envelope import Message, Outgoing
 from poison_pipeline.domain.errors import Classifier, ErrorInfo, HandlerTimeout
 from poison_pipeline.domain.routing import Outcome
+from poison_pipeline.engine import output, watchdog
 
 Handler = Callable[[Message], Any]
 
@@ -44,34 +48,69 @@ def _timed_out(seconds: float) -> HandlerTimeout:
     return HandlerTimeout(f"the handler ran longer than the handler_timeout of {seconds:g}s")
 
 
-def call_with_timeout(handler: Callable[[Any], Any], message: Any, seconds: float | None) -> None:
-    """Call the handler with a message (or a batch of them); past `seconds` the attempt aborts
-    with HandlerTimeout."""
-    if seconds is None:
-        handler(message)
-        return
-    if threading.current_thread() is threading.main_thread():
-        # A timer signal interrupts the handler's Python code in place, so a hung attempt
-        # does not hold the worker.
-        def on_alarm(signum: int, frame: Any) -> None:
-            raise _timed_out(seconds)
+def _killed(seconds: float) -> HandlerTimeout:
+    return HandlerTimeout(f"the handler ran longer than the handler_timeout of {seconds:g}s and did not stop: "
+                          f"its worker process was killed {watchdog.grace(seconds):g}s later")
 
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        try:
-            handler(message)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        return
-    # Off the main thread no signal can be used: abandon the attempt's thread after the timeout.
-    pool = ThreadPoolExecutor(max_workers=1)
+
+# What a handler returns is ignored, except what means its body never ran: the coroutine of an
+# `async def` handler and the generator of one that yields.
+_UNRUN = (types.CoroutineType, types.GeneratorType, types.AsyncGeneratorType)
+
+
+def _unrun(result: Any) -> TypeError:
+    if isinstance(result, types.CoroutineType | types.GeneratorType):
+        result.close()  # no "never awaited" warning in the worker's log
+    kind = type(result).__name__
+    return TypeError(f"the handler returned a {kind} instead of running: it is called synchronously, so an "
+                     "`async def` handler (or one that yields) never runs its body; make it a plain function")
+
+
+def call_with_timeout(handler: Callable[[Any], Any], message: Any, seconds: float | None) -> None:
+    """Call the handler with a message (or a batch of them) as one attempt: past `seconds` the attempt
+    aborts with HandlerTimeout (and past the grace after it, the watchdog kills the worker), and
+    what it prints is bounded (engine/output.py)."""
+    output.begin(message)
     try:
-        pool.submit(handler, message).result(timeout=seconds)
-    except FutureTimeout:
-        raise _timed_out(seconds) from None
+        result = _call(handler, message, seconds)
     finally:
-        pool.shutdown(wait=False)
+        output.end()
+    if result is not None and isinstance(result, _UNRUN):
+        raise _unrun(result)
+
+
+def _call(handler: Callable[[Any], Any], message: Any, seconds: float | None) -> Any:
+    if seconds is None:
+        return handler(message)
+    watchdog.arm(seconds)
+    try:
+        if threading.current_thread() is threading.main_thread():
+            return _on_main_thread(handler, message, seconds)
+        # Off the main thread no signal can be used: abandon the attempt's thread after the timeout.
+        pool = ThreadPoolExecutor(max_workers=1)
+        try:
+            return pool.submit(handler, message).result(timeout=seconds)
+        except FutureTimeout:
+            raise _timed_out(seconds) from None
+        finally:
+            pool.shutdown(wait=False)
+    finally:
+        watchdog.disarm()
+
+
+def _on_main_thread(handler: Callable[[Any], Any], message: Any, seconds: float) -> Any:
+    # A timer signal interrupts the handler's Python code in place, so a hung attempt
+    # does not hold the worker.
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise _timed_out(seconds)
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return handler(message)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,31 +125,45 @@ class Delivery:
     outage_failures: int = 0
 
 
+# How an attempt that killed its worker ended, as the careful re-run found it (engine/cycle._stage).
+CRASH = "crash"
+TIMEOUT = "timeout"
+
+
 def deliver(
     handler: Handler,
     make_message: Callable[[int], Message],
     max_attempts: int,
     timeout: float | None,
     classifier: Classifier,
-    crashes: int = 0,
+    deaths: Sequence[str] = (),
 ) -> Delivery:
     """Up to `max_attempts` attempts; stop at the first success or unrecoverable error. The first
-    `crashes` attempts already happened: each killed the worker it ran in."""
-    records = [AttemptRecord(k, time.time_ns() // 1000, 0.0, "crash", WORKER_DIED) for k in range(1, crashes + 1)] \
-        if crashes else []
-    error_info: ErrorInfo | None = WORKER_DIED if crashes else None
+    attempts already happened and each killed the worker it ran in: `deaths` says how each ended,
+    CRASH (the handler crashed or exited it) or TIMEOUT (the watchdog killed it: a HandlerTimeout)."""
+    records: list[AttemptRecord] = []
+    error_info: ErrorInfo | None = None
     outages = 0
-    for attempt in range(crashes + 1, max_attempts + 1):
+    for attempt, death in enumerate(deaths, start=1):
+        started = time.time_ns() // 1000
+        if death == TIMEOUT and timeout is not None:
+            error = _killed(timeout)
+            error_info = classifier.describe(error)
+            records.append(AttemptRecord(attempt, started, 0.0, TIMEOUT, error_info))
+            if classifier.unrecoverable(error, error_info):
+                return Delivery(Outcome.UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
+            outages += classifier.outage(error)
+        else:
+            error_info = WORKER_DIED
+            records.append(AttemptRecord(attempt, started, 0.0, CRASH, WORKER_DIED))
+    for attempt in range(len(deaths) + 1, max_attempts + 1):
         started, clock = time.time_ns() // 1000, time.perf_counter()
         message = make_message(attempt)
         try:
-            if timeout is None:
-                handler(message)
-            else:
-                call_with_timeout(handler, message, timeout)
+            call_with_timeout(handler, message, timeout)
         except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
             error_info = classifier.describe(error)
-            outcome = "timeout" if isinstance(error, HandlerTimeout) else "abort"
+            outcome = TIMEOUT if isinstance(error, HandlerTimeout) else "abort"
             records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, outcome, error_info))
             if classifier.unrecoverable(error, error_info):
                 return Delivery(Outcome.UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)

@@ -29,9 +29,11 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from poison_pipeline.engine import watchdog
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.journal import fs_of, remove_tree
+from poison_pipeline.storage.journal import remove_tree
+from poison_pipeline.storage.uri import fs_of
 
 # Spark hands mapInArrow batches of at most this many rows (spark.sql.execution.arrow.maxRecordsPerBatch).
 _BATCH_ROWS = 10_000
@@ -70,6 +72,7 @@ def _serve_one(driver: Connection, request: bytes) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         with os.fdopen(writable, "wb") as out:
             out.write(pickle.dumps(_route(request)))
+        watchdog.stop()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -59,8 +59,9 @@ from poison_pipeline.operations.selection import (
     selection_filter,
 )
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.journal import fs_of, read_plan, remove_tree, write_plan
+from poison_pipeline.storage.journal import read_plan, remove_tree, write_plan
 from poison_pipeline.storage.tables import ACTIONS, PURGED, QueueTables
+from poison_pipeline.storage.uri import fs_of
 
 SAMPLE = 5
 KIND = "purge"

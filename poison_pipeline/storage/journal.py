@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.uri import fs_of
 
 State = Literal["planned", "staged", "done"]
 
@@ -35,10 +36,6 @@ class JournalEntry:
 def journal_uri(tables: QueueTables, table: str) -> str:
     """Where the journal of `table`'s cycles lives."""
     return tables.work_uri("journal", f"{table}.json")
-
-
-def fs_of(uri: str) -> tuple[pafs.FileSystem, str]:
-    return pafs.FileSystem.from_uri(uri if "://" in uri else f"file://{uri}")
 
 
 def read_entry(uri: str) -> JournalEntry | None:
