@@ -257,25 +257,33 @@ def read_only(folder: Path, kind: str) -> Iterator[Callable[[], None]]:
                     path.chmod(0o755)
 
 
+# The table made read-only, and the durable step of the crash test's cycle that then fails: the
+# processed commit (an append), or the delete of the taken batches from inbound (delta-rs words
+# that one as a multi-line OSError with terminal colours).
+READ_ONLY_CASES = {"processed": 5, "inbound": 8}
+
+
+@pytest.mark.parametrize("table", READ_ONLY_CASES)
 @pytest.mark.parametrize("kind", [read_only_kind()])
-def test_a_table_folder_made_read_only_mid_cycle(spark, tmp_path, monkeypatch, kind):
+def test_a_table_folder_made_read_only_mid_cycle(spark, tmp_path, monkeypatch, kind, table):
     baseline = scenario(tmp_path / "baseline")
     run_cycle(spark, baseline, "q", "inbound")
     declaration = scenario(tmp_path / "lake")
-    processed = tmp_path / "lake" / "q" / "processed"
-    with read_only(processed, kind) as make_read_only:
+    folder = tmp_path / "lake" / "q" / table
+    with read_only(folder, kind) as make_read_only:
         # While the cycle runs: after it staged its results, before its first commit.
         def turn_read_only(step: int) -> None:
             if kind.startswith("injected"):
                 raise OSError(errno.EROFS, os.strerror(errno.EROFS))
             make_read_only()
 
-        # Journal planned, staged, then attempts, dead_letter and processed: the processed commit fails.
-        at_step(monkeypatch, LOW_STEPS, 5 if kind.startswith("injected") else 3, turn_read_only)
+        # Once the journal says staged (its third step is the first commit), or just before the step.
+        step = READ_ONLY_CASES[table]
+        at_step(monkeypatch, LOW_STEPS, step if kind.startswith("injected") else 3, turn_read_only)
         with pytest.raises(StorageFailure) as failed:
             run_cycle(spark, declaration, "q", "inbound")
         monkeypatch.undo()
-    _assert_loud(failed.value, errno.EROFS, f"table processed of queue 'q' at {processed}")
+    _assert_loud(failed.value, errno.EROFS, f"table {table} of queue 'q' at {folder}")
     run_cycle(spark, declaration, "q", "inbound")
     assert outcome(declaration) == outcome(baseline)
     _balanced(declaration, 4)

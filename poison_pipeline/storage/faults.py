@@ -20,6 +20,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolErr
 
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+# object_store's own errors (`Generic S3 error: ...`), not delta-rs's logical ones (`Generic DeltaTable error`).
+_STORE_ERROR = re.compile(r"ObjectStore|Generic (?!DeltaTable)\w+ error")
 # Not storage faults: a lost commit race (the callers retry or report it) and mistakes in the data.
 _NOT_FAULTS = (CommitFailedError, DeltaProtocolError, SchemaMismatchError)
 
@@ -70,7 +72,7 @@ def is_fault(error: BaseException) -> bool:
     if isinstance(error, OSError):
         return True
     return isinstance(error, DeltaError) and (_OS_ERROR.search(str(error)) is not None
-                                              or "ObjectStore" in str(error) or "Generic" in str(error))
+                                              or _STORE_ERROR.search(str(error)) is not None)
 
 
 @contextmanager
