@@ -27,8 +27,11 @@ from typing import Any
 
 import pytest
 import yaml
+from dagster import DagsterInstance
 from deltalake import DeltaTable
 
+from poison_pipeline.defs.build import build_definitions
+from poison_pipeline.defs.naming import job_name
 from poison_pipeline.domain.declaration import Declaration, parse_declaration
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations import actions as actions_module
@@ -43,6 +46,7 @@ from poison_pipeline.storage.faults import StorageFailure
 from poison_pipeline.storage.intake import accepted_total
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.conftest import SPARK
+from poison_pipeline_tests.dagster_support import QUIET, failure_text
 from poison_pipeline_tests.support import at_step, places
 from poison_pipeline_tests.test_crash import STEPS, outcome, scenario
 
@@ -388,3 +392,24 @@ def test_the_command_line_names_the_table_and_the_os_error(tmp_path, case):
     assert enqueue(declaration, "q", _records("c3")).accepted == 1
     _balanced(declaration, 4)
     assert set(places(declaration)) == {"c0", "c1", "c2", "c3"}
+
+
+# -- what a Dagster run shows -------------------------------------------------------------------
+
+
+def test_a_dagster_cycle_run_fails_naming_the_table_and_the_next_run_completes_it(spark, tmp_path, monkeypatch):
+    baseline = scenario(tmp_path / "baseline")
+    run_cycle(spark, baseline, "q", "inbound")
+    declaration = scenario(tmp_path / "lake")
+    job = build_definitions(declaration).resolve_job_def(job_name("q", "inbound"))
+    with DagsterInstance.ephemeral() as instance:
+        at_step(monkeypatch, LOW_STEPS, READ_ONLY_CASES["processed"], _raise(errno.ENOSPC))
+        failed = job.execute_in_process(instance=instance, run_config=QUIET, raise_on_error=False)
+        monkeypatch.undo()
+        assert not failed.success
+        text = failure_text(failed)
+        assert "StorageFailure" in text and "table processed of queue 'q'" in text and "[ENOSPC]" in text, text
+        again = job.execute_in_process(instance=instance, run_config=QUIET)
+    assert again.success
+    assert all(check.passed for check in again.get_asset_check_evaluations()), "a check failed after the rerun"
+    assert outcome(declaration) == outcome(baseline)
