@@ -22,6 +22,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from poison_pipeline.storage import journal
 from poison_pipeline.storage import tables as tables_module
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.faults import StorageFailure
-from poison_pipeline.storage.intake import accepted_total
+from poison_pipeline.storage.intake import accepted_total, settle_intake
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.dagster_support import QUIET, failure_text
@@ -157,6 +158,23 @@ def test_a_cycle_records_the_intake_an_enqueue_left_uncounted(spark, tmp_path, m
     run_cycle(spark, declaration, "q", "inbound")
     assert places(declaration) == {"a1": ["processed:processed"], "a2": ["processed:processed"]}
     _balanced(declaration, 2)
+
+
+def test_an_enqueue_that_may_still_run_on_another_host_is_left_to_finish(tmp_path, monkeypatch):
+    declaration = _declaration(tmp_path / "lake")
+    at_step(monkeypatch, LOW_STEPS, ENQUEUE_STEPS, _raise(errno.EIO))
+    with pytest.raises(StorageFailure):
+        enqueue(declaration, "q", _records("a1"))
+    monkeypatch.undo()
+    [note] = (tmp_path / "lake" / "q" / "_work" / "intake").glob("*.json")
+    written = json.loads(note.read_text())
+    tables = QueueTables.of(declaration, "q")
+    for minutes_ago, settled in ((1, []), (11, [written["batch_id"]])):
+        at = datetime.now(UTC) - timedelta(minutes=minutes_ago)
+        note.write_text(json.dumps({**written, "host": "another-host", "written": at.isoformat()}))
+        assert settle_intake(tables) == settled
+    assert not note.exists()
+    _balanced(declaration, 1)
 
 
 @pytest.fixture(scope="module")

@@ -195,7 +195,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
             remove_tree(previous.staging)  # a compute that died: nothing of it was committed
     lease.check()
     report.interrupted = complete_interrupted(declaration, tables, run_id)
-    settle_intake(tables, now)
+    settle_intake(tables)
     state = queue_state(tables)
     if not state.enabled:
         report.skipped = f"queue {queue!r} is disabled: {state.reason}"

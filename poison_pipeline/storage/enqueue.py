@@ -163,7 +163,7 @@ def land(declaration: Declaration, queue: str, parsed: Parsed, others: list[tupl
         tables = QueueTables.of(declaration, queue)
         tables.ensure()
         ensure_intake(tables, now)
-        settle_intake(tables, now)
+        settle_intake(tables)
         result.batch_id = f"enq-{uuid.uuid4().hex}"
         try:
             append_enqueued(tables, waiting_rows(accepted, result.batch_id, now), result.batch_id, now)

@@ -108,7 +108,8 @@ def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: dat
     commits is repaired by `settle_intake` instead of leaving the conservation check failing."""
     uri = _note_uri(tables, batch_id)
     note = {"batch_id": batch_id, "messages": rows.num_rows, "at": now.isoformat(),
-            "after": tables.open(INBOUND).version(), "host": socket.gethostname(), "pid": os.getpid()}
+            "after": tables.open(INBOUND).version(), "host": socket.gethostname(), "pid": os.getpid(),
+            "written": datetime.now(UTC).isoformat()}
     write_json(uri, note, "noting an enqueue until its intake is recorded")
     _in_flight.add(batch_id)
     try:
@@ -121,13 +122,13 @@ def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: dat
         remove_file(uri)
 
 
-def settle_intake(tables: QueueTables, now: datetime | None = None) -> list[str]:
+def settle_intake(tables: QueueTables) -> list[str]:
     """Record the intake row of each batch whose enqueue committed it to inbound and then failed to
     record it; forget the notes of enqueues that committed nothing. Returns the batches recorded."""
     recorded = []
     for uri in list_files(tables.work_uri(_NOTES)):
         note = read_json(uri)
-        if note is None or _in_flight_elsewhere(note, now or datetime.now(UTC)):
+        if note is None or _in_flight_elsewhere(note):
             continue
         batch_id = str(note["batch_id"])
         if _landed(tables, batch_id, int(note["after"])) and not _counted(tables, batch_id):
@@ -137,10 +138,11 @@ def settle_intake(tables: QueueTables, now: datetime | None = None) -> list[str]
     return recorded
 
 
-def _in_flight_elsewhere(note: dict[str, Any], now: datetime) -> bool:
-    """Whether the enqueue that wrote `note` may still be between its commits."""
+def _in_flight_elsewhere(note: dict[str, Any]) -> bool:
+    """Whether the enqueue that wrote `note` may still be between its commits: on this host, while
+    its process lives (or, in this process, its call runs); on another, for a while after it wrote."""
     if note["host"] != socket.gethostname():
-        return now - datetime.fromisoformat(note["at"]) < _OTHER_HOST_AFTER
+        return datetime.now(UTC) - datetime.fromisoformat(note["written"]) < _OTHER_HOST_AFTER
     if note["pid"] == os.getpid():
         return note["batch_id"] in _in_flight
     try:
