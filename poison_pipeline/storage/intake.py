@@ -107,13 +107,13 @@ def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: dat
     """Append an enqueued batch to inbound and record its intake, so that a failure between the two
     commits is repaired by `settle_intake` instead of leaving the conservation check failing."""
     uri = _note_uri(tables, batch_id)
-    note = {"batch_id": batch_id, "messages": rows.num_rows, "at": now.isoformat(),
-            "after": tables.open(INBOUND).version(), "host": socket.gethostname(), "pid": os.getpid(),
-            "written": datetime.now(UTC).isoformat()}
+    inbound = tables.open(INBOUND)
+    note = {"batch_id": batch_id, "messages": rows.num_rows, "at": now.isoformat(), "after": inbound.version(),
+            "host": socket.gethostname(), "pid": os.getpid(), "written": datetime.now(UTC).isoformat()}
     write_json(uri, note, "noting an enqueue until its intake is recorded")
     _in_flight.add(batch_id)
     try:
-        tables.append(INBOUND, rows, metadata={_BATCH_KEY: batch_id})
+        tables.append(INBOUND, rows, metadata={_BATCH_KEY: batch_id}, snapshot=inbound)
         record_intake(tables, ENQUEUE, batch_id, rows.num_rows, now)
     finally:
         _in_flight.discard(batch_id)

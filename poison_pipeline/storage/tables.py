@@ -189,12 +189,14 @@ class QueueTables:
         return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
 
     def append(self, table: str, data: Any, app_id: str | None = None, version: int = 0,
-               also: Sequence[Transaction] = (), metadata: dict[str, str] | None = None) -> bool:
+               also: Sequence[Transaction] = (), metadata: dict[str, str] | None = None,
+               snapshot: DeltaTable | None = None) -> bool:
         """Append `data`; with an app id, once only: a replay of a committed version writes nothing.
         `also` are further app transactions recorded by the same commit, `metadata` goes into its
-        commit info (the log's history shows it)."""
+        commit info (the log's history shows it). `snapshot`: the table as the caller just opened it
+        (loading a long log again costs milliseconds)."""
         self.check_lease()
-        target = self.open(table)
+        target = snapshot if snapshot is not None else self.open(table)
         transactions = list(also)
         if app_id is not None:
             # `or -1` would read a committed version 0 as "never committed".
