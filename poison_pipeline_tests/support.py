@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from poison_pipeline.domain.declaration import Declaration
@@ -56,3 +57,23 @@ def attempts_of(declaration: Declaration, message_id: str, name: str = "q") -> l
         (r for r in rows(declaration, ATTEMPTS, name) if r["message_id"] == message_id),
         key=lambda r: (r["cycle"], r["attempt"]),
     )
+
+
+def at_step(monkeypatch: Any, steps: Sequence[tuple[object, str]], n: int,
+            action: Callable[[int], None]) -> list[str]:
+    """Call `action(n)` just before the n-th call, counted across `steps` (pairs of an owner and the
+    name of a durable step on it: a journal write, a table commit, a delete). An action that raises
+    stops that step from happening (a crash, a storage fault). Returns the steps called, in order."""
+    called: list[str] = []
+
+    def wrap(owner: object, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            called.append(f"{getattr(owner, '__name__', owner)}.{name}")
+            if len(called) == n:
+                action(n)
+            return function(*args, **kwargs)
+        return step
+
+    for owner, name in steps:
+        monkeypatch.setattr(owner, name, wrap(owner, name, getattr(owner, name)))
+    return called

@@ -14,7 +14,7 @@ from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.conftest import SPARK
-from poison_pipeline_tests.support import places, queue, rows, send
+from poison_pipeline_tests.support import at_step, places, queue, rows, send
 
 
 class Crash(Exception):
@@ -23,10 +23,12 @@ class Crash(Exception):
 
 # journal planned, staged; attempts, dead_letter, processed, retry_1; events; delete; journal done
 STEPS = 9
+# Where a cycle's durable steps are made: its journal writes, its table commits, its delete.
+CYCLE_STEPS = ((QueueTables, "append"), (QueueTables, "remove_batches"), (cycle_module, "write_entry"))
 
 
-def scenario(lake: Path):
-    declaration = parse_declaration({"lake_root": str(lake), "spark": SPARK.model_dump(),
+def scenario(lake: Path, **settings: object):
+    declaration = parse_declaration({"lake_root": str(lake), "spark": SPARK.model_dump(), **settings,
                                      "queues": queue(max_retry_cycles=1, receive_error_handling="reject")})
     send(declaration, {"ok": {}, "bad": {"fail": True}, "flaky": {"fail_until_attempt": 2}})
     past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
@@ -45,20 +47,11 @@ def outcome(declaration) -> tuple[dict[str, list[str]], Counter, list[tuple[obje
 def crash_at(monkeypatch):
     """Make the n-th durable step (journal write, table commit or delete) die before it happens."""
 
+    def crash(n: int) -> None:
+        raise Crash(f"killed at durable step {n}")
+
     def arm(n: int) -> None:
-        calls = {"count": 0}
-
-        def wrap(function):
-            def step(*args, **kwargs):
-                calls["count"] += 1
-                if calls["count"] == n:
-                    raise Crash(f"killed at durable step {n}")
-                return function(*args, **kwargs)
-            return step
-
-        monkeypatch.setattr(QueueTables, "append", wrap(QueueTables.append))
-        monkeypatch.setattr(QueueTables, "remove_batches", wrap(QueueTables.remove_batches))
-        monkeypatch.setattr(cycle_module, "write_entry", wrap(cycle_module.write_entry))
+        at_step(monkeypatch, CYCLE_STEPS, n, crash)
 
     return arm
 

@@ -49,6 +49,7 @@ from poison_pipeline.cli.common import (
 )
 from poison_pipeline.domain.declaration import DeclarationError
 from poison_pipeline.storage.control import StateNotRecorded
+from poison_pipeline.storage.faults import StorageFailure
 from poison_pipeline.storage.lease import LeaseHeld
 
 __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parser", "console_main",
@@ -100,9 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`| head`): nothing is wrong, and nothing more can be printed.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_INCOMPLETE
+    except StorageFailure as error:  # worded already: what was written where, and the OS error
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_INCOMPLETE
     except (DeltaError, OSError) as error:
         # The lake itself failed (unreachable store, permissions, a damaged log): say which.
-        print(f"{PROG} {args.command}: error: {type(error).__name__}: {error}", file=sys.stderr)
+        said = " ".join(str(error).split())
+        print(f"{PROG} {args.command}: error: {type(error).__name__}: {said}", file=sys.stderr)
         return EXIT_INCOMPLETE
 
 

@@ -45,8 +45,10 @@ from poison_pipeline.engine.ordering import (
 from poison_pipeline.operations.interrupted import Completed, complete_interrupted
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
+from poison_pipeline.storage.faults import StorageFailure
 from poison_pipeline.storage.files import files_dataset
 from poison_pipeline.storage.inflight import culprits
+from poison_pipeline.storage.intake import settle_intake
 from poison_pipeline.storage.journal import JournalEntry, journal_uri, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.lease import Holder, Lease
 from poison_pipeline.storage.tables import QueueTables, TableStats
@@ -165,11 +167,17 @@ def run_cycle(
     tables = QueueTables.of(declaration, queue)
     if table not in tables.waiting:
         raise ValueError(f"{table!r} is not a waiting table of {queue!r}: {', '.join(tables.waiting)}")
-    tables.ensure()
-    with tables.lease(f"{table} cycle", run_id, on_wait) as lease:
-        report = _run_held(spark, declaration, tables, table, now, run_id, lease)
-        report.cleanup_failures = unfinished_cleanups(declaration, tables)
-        return report
+    try:
+        tables.ensure()
+        with tables.lease(f"{table} cycle", run_id, on_wait) as lease:
+            report = _run_held(spark, declaration, tables, table, now, run_id, lease)
+            report.cleanup_failures = unfinished_cleanups(declaration, tables)
+            return report
+    except StorageFailure as failure:
+        raise failure.meaning(
+            f"The {table} cycle of queue {queue!r} stopped there and nothing is lost: every message is still where "
+            "it was or where the commits made so far put it, and the next run of this cycle, once the storage "
+            "accepts writes, completes it as after a crash (nothing committed twice)") from failure.__cause__
 
 
 def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTables, table: str,
@@ -190,6 +198,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
             remove_tree(previous.staging)  # a compute that died: nothing of it was committed
     lease.check()
     report.interrupted = complete_interrupted(declaration, tables, run_id)
+    settle_intake(tables)
     state = queue_state(tables)
     if not state.enabled:
         report.skipped = f"queue {queue!r} is disabled: {state.reason}"

@@ -24,6 +24,7 @@ from rich.table import Table
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations.render import render, when
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
 
 PLANNED, DONE, UNDONE = "planned", "done", "undone"
@@ -115,8 +116,10 @@ def _update(tables: QueueTables, action: Action) -> None:
     # Written back as plain strings: delta-rs's update writes string_view columns (see replace_batches).
     quoted = action.action_id.replace("'", "''")
     tables.check_lease()
-    write_deltalake(tables.open(ACTIONS), pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS),
-                    mode="overwrite", predicate=f"action_id = '{quoted}'")
+    target = tables.open(ACTIONS)
+    with writing(f"recording action {action.action_id} as {action.state}", tables.describe(ACTIONS)):
+        write_deltalake(target, pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS),
+                        mode="overwrite", predicate=f"action_id = '{quoted}'")
 
 
 def finish_action(tables: QueueTables, action: Action, counts: dict[str, Any],

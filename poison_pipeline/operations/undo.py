@@ -51,6 +51,7 @@ from poison_pipeline.operations.actions import (
     mark_undone,
     table_version,
 )
+from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.intake import record_intake
 from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
 
@@ -168,7 +169,8 @@ def _restore(declaration: Declaration, action: Action, undo_id: str, counted: st
         # Run again after a crash: a table restored already is at a later version with the old content.
         if versions["before"] is not None and current.version() == versions["after"]:
             tables.check_lease()
-            current.restore(versions["before"])
+            with writing(f"restoring version {versions['before']}", tables.describe(table)):
+                current.restore(versions["before"])
     restored = int(action.counts.get(counted, 0))
     return UndoResult(undo_id, action.action_id, action.kind, RESTORE, restored=restored)
 

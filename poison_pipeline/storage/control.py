@@ -11,6 +11,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.files import rows_where_in
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 
@@ -104,9 +105,11 @@ def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str, run
             data, transaction = state_commit(tables, [event_row(kind, datetime.now(UTC), actor, reason)], enabled)
             try:
                 tables.check_lease()
+                target = tables.open(EVENTS)
                 # An events table made before the messages_failed columns gains them.
-                write_deltalake(tables.open(EVENTS), data, mode="append", schema_mode="merge",
-                                commit_properties=CommitProperties(app_transactions=[transaction]))
+                with writing(f"recording the queue {action}d", tables.describe(EVENTS)):
+                    write_deltalake(target, data, mode="append", schema_mode="merge",
+                                    commit_properties=CommitProperties(app_transactions=[transaction]))
             except CommitFailedError:
                 continue  # another toggle committed from the same state: decide again on the newer one
             if queue_state(tables).enabled != enabled:

@@ -22,9 +22,9 @@ import pyarrow.compute as pc
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import Envelope, EnvelopeError, parse_envelope
 from poison_pipeline.domain.policy import Policy
-from poison_pipeline.domain.routing import INBOUND
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.intake import ENQUEUE, ensure_intake, record_intake
+from poison_pipeline.storage.faults import StorageFailure
+from poison_pipeline.storage.intake import append_enqueued, enqueued_batch_landed, ensure_intake, settle_intake
 from poison_pipeline.storage.plain_envelopes import plain_envelopes, printable
 from poison_pipeline.storage.tables import QueueTables
 
@@ -163,13 +163,31 @@ def land(declaration: Declaration, queue: str, parsed: Parsed, others: list[tupl
         tables = QueueTables.of(declaration, queue)
         tables.ensure()
         ensure_intake(tables, now)
+        settle_intake(tables)
         result.batch_id = f"enq-{uuid.uuid4().hex}"
-        tables.append(INBOUND, waiting_rows(accepted, result.batch_id, now))
-        # A process killed between the two commits leaves the batch uncounted: the conservation
-        # check then shows more accounted than accepted, by this batch's size.
-        record_intake(tables, ENQUEUE, result.batch_id, accepted.num_rows, now)
+        try:
+            append_enqueued(tables, waiting_rows(accepted, result.batch_id, now), result.batch_id, now)
+        except StorageFailure as failure:
+            raise failure.meaning(_after_failure(tables, result.batch_id, accepted.num_rows)) from failure.__cause__
         result.accepted = accepted.num_rows
     return result
+
+
+def _after_failure(tables: QueueTables, batch_id: str, messages: int) -> str:
+    """What a failed enqueue means for its messages: in the queue or not, by the inbound log."""
+    try:
+        landed = enqueued_batch_landed(tables, batch_id)
+    except Exception:  # noqa: BLE001 - the storage may not even be readable now
+        landed = None
+    if landed:
+        return (f"The {messages} message(s) are in queue {tables.queue!r} (batch {batch_id}); only their count in "
+                "the intake ledger is missing, and the next enqueue or cycle of the queue records it: do not "
+                "enqueue them again")
+    if landed is None:
+        return (f"Whether the {messages} message(s) reached queue {tables.queue!r} (batch {batch_id}) could not be "
+                "read back; `poison-pipeline status` says once the storage answers. Enqueuing them again is safe: "
+                "a cycle delivers a repeated message id once and records the copy as a duplicate")
+    return f"Nothing was enqueued into queue {tables.queue!r}: enqueue the {messages} message(s) again"
 
 
 def _raw(record: Any) -> str:

@@ -11,14 +11,19 @@ balance: every row in its places and terminal ledgers at that moment, under one 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import contextlib
+import os
+import socket
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
+from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, PROCESSED, QUARANTINE
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.journal import list_files, read_json, remove_file, write_json
 from poison_pipeline.storage.tables import INTAKE, PURGED, QueueTables
 
 ENQUEUE = "enqueue"
@@ -82,3 +87,89 @@ def accepted_total(tables: QueueTables) -> int | None:
         fragments = [f for f in target.to_pyarrow_dataset().get_fragments() if f.path in set(merged)]
         total += sum(pc.sum(f.to_table(columns=["messages"])["messages"]).as_py() or 0 for f in fragments)
     return total
+
+
+# An enqueue makes two commits, its batch to inbound and then its intake row. A note written before
+# the first and removed after the second lets the next enqueue or cycle of the queue record the row
+# of a batch whose enqueue failed between the two (a full disk, a read-only intake table, a kill).
+_NOTES = "intake"
+_BATCH_KEY = "poison_pipeline.batch_id"
+# A note of another host's enqueue is settled only once that enqueue has surely ended.
+_OTHER_HOST_AFTER = timedelta(minutes=10)
+_in_flight: set[str] = set()
+
+
+def _note_uri(tables: QueueTables, batch_id: str) -> str:
+    return tables.work_uri(_NOTES, f"{batch_id}.json")
+
+
+def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: datetime) -> None:
+    """Append an enqueued batch to inbound and record its intake, so that a failure between the two
+    commits is repaired by `settle_intake` instead of leaving the conservation check failing."""
+    uri = _note_uri(tables, batch_id)
+    inbound = tables.open(INBOUND)
+    note = {"batch_id": batch_id, "messages": rows.num_rows, "at": now.isoformat(), "after": inbound.version(),
+            "host": socket.gethostname(), "pid": os.getpid(), "written": datetime.now(UTC).isoformat()}
+    write_json(uri, note, "noting an enqueue until its intake is recorded")
+    _in_flight.add(batch_id)
+    try:
+        tables.append(INBOUND, rows, metadata={_BATCH_KEY: batch_id}, snapshot=inbound)
+        record_intake(tables, ENQUEUE, batch_id, rows.num_rows, now)
+    finally:
+        _in_flight.discard(batch_id)
+    # Both commits are made: a note left behind is found counted and removed by the next settle.
+    with contextlib.suppress(OSError):
+        remove_file(uri)
+
+
+def settle_intake(tables: QueueTables) -> list[str]:
+    """Record the intake row of each batch whose enqueue committed it to inbound and then failed to
+    record it; forget the notes of enqueues that committed nothing. Returns the batches recorded."""
+    recorded = []
+    for uri in list_files(tables.work_uri(_NOTES)):
+        note = read_json(uri)
+        if note is None or _in_flight_elsewhere(note):
+            continue
+        batch_id = str(note["batch_id"])
+        if _landed(tables, batch_id, int(note["after"])) and not _counted(tables, batch_id):
+            record_intake(tables, ENQUEUE, batch_id, int(note["messages"]), datetime.fromisoformat(note["at"]))
+            recorded.append(batch_id)
+        remove_file(uri)
+    return recorded
+
+
+def _in_flight_elsewhere(note: dict[str, Any]) -> bool:
+    """Whether the enqueue that wrote `note` may still be between its commits: on this host, while
+    its process lives (or, in this process, its call runs); on another, for a while after it wrote."""
+    if note["host"] != socket.gethostname():
+        return datetime.now(UTC) - datetime.fromisoformat(note["written"]) < _OTHER_HOST_AFTER
+    if note["pid"] == os.getpid():
+        return note["batch_id"] in _in_flight
+    try:
+        os.kill(int(note["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _landed(tables: QueueTables, batch_id: str, after: int) -> bool:
+    """Whether inbound's log has the batch's commit (its commit info names it)."""
+    if not tables.exists(INBOUND):
+        return False
+    target = tables.open(INBOUND)
+    newer = target.version() - after
+    return newer > 0 and any(entry.get(_BATCH_KEY) == batch_id for entry in target.history(newer))
+
+
+def _counted(tables: QueueTables, batch_id: str) -> bool:
+    if not tables.exists(INTAKE):
+        return False
+    return tables.open(INTAKE).to_pyarrow_dataset().count_rows(filter=pc.field("batch_id") == batch_id) > 0
+
+
+def enqueued_batch_landed(tables: QueueTables, batch_id: str) -> bool:
+    """Whether an enqueue's batch reached inbound, by its note (None-safe: False without one)."""
+    note = read_json(_note_uri(tables, batch_id))
+    return note is not None and _landed(tables, batch_id, int(note["after"]))

@@ -17,7 +17,6 @@ transmit on that queue without waiting for itself.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -35,6 +34,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from poison_pipeline.domain.declaration import LeaseSettings
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.faults import writing
 
 LEASE_TABLE = "_lease"
 # Renewals add a version each: checkpoints and log clean-up keep reading the lease cheap.
@@ -94,17 +94,19 @@ class Lease:
         self._renewed = time.monotonic()  # the last commit that held the lease, on this process's clock
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._renew_error: Exception | None = None
 
     # -- reading and writing the row -------------------------------------------------------
 
     def _open(self) -> DeltaTable:
         if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
-            try:
-                write_deltalake(self.uri, pa.Table.from_pylist([], schema=schemas.LEASE), mode="error",
-                                configuration=TABLE_CONFIG, storage_options=self.storage_options)
-            except DeltaError:
-                if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
-                    raise  # not a creation race: a real storage problem
+            with writing(f"creating the lease of queue {self.queue!r}", self.uri):
+                try:
+                    write_deltalake(self.uri, pa.Table.from_pylist([], schema=schemas.LEASE), mode="error",
+                                    configuration=TABLE_CONFIG, storage_options=self.storage_options)
+                except DeltaError:
+                    if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
+                        raise  # not a creation race: a real storage problem
         return DeltaTable(self.uri, storage_options=self.storage_options)
 
     @staticmethod
@@ -122,7 +124,8 @@ class Lease:
         """Overwrite the row from `snapshot`; False when another commit came first."""
         data = pa.Table.from_pylist([row] if row else [], schema=schemas.LEASE)
         try:
-            write_deltalake(snapshot, data, mode="overwrite")
+            with writing(f"writing the lease of queue {self.queue!r}", self.uri):
+                write_deltalake(snapshot, data, mode="overwrite")
         except CommitFailedError:
             return False
         return True
@@ -169,8 +172,10 @@ class Lease:
         interval = self.settings.expiry.total_seconds() / 3
         while not self._stop.wait(interval):
             # A storage hiccup: the next renewal tries again, and check() sees how long it has been.
-            with contextlib.suppress(Exception):
+            try:
                 self.renew()
+            except Exception as error:
+                self._renew_error = error
             if self._lost:
                 return
 
@@ -191,8 +196,9 @@ class Lease:
         """Raise LeaseLost if another starter took the lease over: call before committing."""
         unrenewed = time.monotonic() - self._renewed
         if not self._lost and unrenewed >= self.settings.expiry.total_seconds():
+            why = f" (the last renewal failed: {self._renew_error})" if self._renew_error is not None else ""
             self._lost = (f"the lease of queue {self.queue!r} could not be renewed for {unrenewed:.1f}s "
-                          "(lease.expiry): another starter may hold it now")
+                          f"(lease.expiry){why}: another starter may hold it now")
         if self._lost:
             raise LeaseLost(f"{self._lost}: this run ({self.run_id}) stops before committing anything more")
 
@@ -231,7 +237,14 @@ def queue_lease(uri: str, queue: str, storage_options: dict[str, str], settings:
         yield lease
     finally:
         del held[uri]
-        lease.release()
+        try:
+            lease.release()
+        except Exception as error:
+            # The storage failing under the release must not hide what the holder did or why it
+            # failed: the lease, no longer renewed, expires on its own after lease.expiry.
+            logging.getLogger(__name__).warning(
+                "could not release the lease of queue %r (%s); it expires on its own %s after its "
+                "last renewal (lease.expiry)", queue, error, settings.expiry)
 
 
 def check_held(uri: str) -> None:

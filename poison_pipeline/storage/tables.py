@@ -25,6 +25,7 @@ from poison_pipeline.domain.routing import (
     waiting_tables,
 )
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, check_held, current_holder, queue_lease
 
 ATTEMPTS = "attempts"
@@ -156,16 +157,21 @@ class QueueTables:
             if DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options):
                 continue
             try:
-                DeltaTable.create(
-                    self.uri(table),
-                    schema=schema_of(table),
-                    partition_by=schemas.PARTITIONS.get(table),
-                    mode="ignore",
-                    storage_options=self.storage_options,
-                )
+                with writing("creating a table", self.describe(table)):
+                    DeltaTable.create(
+                        self.uri(table),
+                        schema=schema_of(table),
+                        partition_by=schemas.PARTITIONS.get(table),
+                        mode="ignore",
+                        storage_options=self.storage_options,
+                    )
             except Exception:
                 if not DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options):
                     raise
+
+    def describe(self, table: str) -> str:
+        """How an error names a table: `table processed of queue 'orders' at /lake/orders/processed`."""
+        return f"table {table} of queue {self.queue!r} at {self.uri(table)}"
 
     def open(self, table: str) -> DeltaTable:
         try:
@@ -187,11 +193,14 @@ class QueueTables:
         return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
 
     def append(self, table: str, data: Any, app_id: str | None = None, version: int = 0,
-               also: Sequence[Transaction] = ()) -> bool:
+               also: Sequence[Transaction] = (), metadata: dict[str, str] | None = None,
+               snapshot: DeltaTable | None = None) -> bool:
         """Append `data`; with an app id, once only: a replay of a committed version writes nothing.
-        `also` are further app transactions recorded by the same commit."""
+        `also` are further app transactions recorded by the same commit, `metadata` goes into its
+        commit info (the log's history shows it). `snapshot`: the table as the caller just opened it
+        (loading a long log again costs milliseconds)."""
         self.check_lease()
-        target = self.open(table)
+        target = snapshot if snapshot is not None else self.open(table)
         transactions = list(also)
         if app_id is not None:
             # `or -1` would read a committed version 0 as "never committed".
@@ -199,17 +208,19 @@ class QueueTables:
             if committed is not None and committed >= version:
                 return False
             transactions.append(Transaction(app_id, version))
-        properties = CommitProperties(app_transactions=transactions) if transactions else None
-        write_deltalake(
-            target,
-            data,
-            mode="append",
-            partition_by=schemas.PARTITIONS.get(table),
-            commit_properties=properties,
-            writer_properties=_WRITER,
-            # A table made by an earlier version gains the columns added since (redrive_count).
-            schema_mode="merge",
-        )
+        properties = CommitProperties(app_transactions=transactions, custom_metadata=metadata) \
+            if transactions or metadata else None
+        with writing("appending to a table", self.describe(table)):
+            write_deltalake(
+                target,
+                data,
+                mode="append",
+                partition_by=schemas.PARTITIONS.get(table),
+                commit_properties=properties,
+                writer_properties=_WRITER,
+                # A table made by an earlier version gains the columns added since (redrive_count).
+                schema_mode="merge",
+            )
         return True
 
     def remove_batches(self, table: str, batch_ids: Iterable[str]) -> None:
@@ -219,7 +230,9 @@ class QueueTables:
             return
         self.check_lease()
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
-        self.open(table).delete(f"batch_id IN ({quoted})")
+        target = self.open(table)
+        with writing("deleting taken batches from a table", self.describe(table)):
+            target.delete(f"batch_id IN ({quoted})")
 
     def replace_batches(self, table: str, batch_ids: Iterable[str | None], keep: pads.Expression,
                         snapshot: DeltaTable | None = None, add: pa.Table | None = None) -> None:
@@ -247,7 +260,9 @@ class QueueTables:
         if add is not None:
             # Rows added in the same commit must carry one of the batch ids, or the overwrite refuses them.
             kept = pa.concat_tables([kept.read_all().cast(schema_of(table)), add.cast(schema_of(table))])
-        write_deltalake(target, kept, mode="overwrite", predicate=" OR ".join(clauses), writer_properties=_WRITER)
+        with writing("rewriting batches of a table", self.describe(table)):
+            write_deltalake(target, kept, mode="overwrite", predicate=" OR ".join(clauses),
+                            writer_properties=_WRITER)
 
     @staticmethod
     def _batches_of_files(target: DeltaTable, paths: list[str], firsts: list[str | None],

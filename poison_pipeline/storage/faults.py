@@ -1,0 +1,86 @@
+"""Storage faults: a write to the lake that failed, worded for a person.
+
+delta-rs reports a full disk as `DeltaError('Failed to parse parquet: External: Generic
+LocalFileSystem error: Unable to copy data to file: No space left on device (os error 28)')`, with
+no table in it, and a read-only folder on a delete as a multi-line `OSError` with terminal colour
+codes. Every commit to a queue's tables, its journal and its plans goes through `writing`, which
+turns such an error into a `StorageFailure` naming the table (or file), what was being written and
+the operating system's error, and keeps the original as its cause.
+"""
+
+from __future__ import annotations
+
+import errno as errnos
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolError, SchemaMismatchError
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+# object_store's own errors (`Generic S3 error: ...`), not delta-rs's logical ones (`Generic DeltaTable error`).
+_STORE_ERROR = re.compile(r"ObjectStore|Generic (?!DeltaTable)\w+ error")
+# Not storage faults: a lost commit race (the callers retry or report it) and mistakes in the data.
+_NOT_FAULTS = (CommitFailedError, DeltaProtocolError, SchemaMismatchError)
+
+
+class StorageFailure(OSError):
+    """A write to the lake failed. `str()` names what was written where and the OS error; `errno`
+    is the OS error number when one is known (ENOSPC, EROFS, EIO, ...)."""
+
+    def __init__(self, doing: str, where: str, cause: BaseException, then: str = "") -> None:
+        self.doing, self.where, self.then = doing, where, then
+        self.code = _errno_of(cause)
+        self.cause = _describe(cause, self.code)
+        text = f"storage failure while {doing} ({where}): {self.cause}"
+        super().__init__(self.code or 0, text + (f". {then}" if then else ""))
+        self.__cause__ = cause
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def meaning(self, then: str) -> StorageFailure:
+        """The same failure, saying what it means for the work that was under way."""
+        cause = self.__cause__ if self.__cause__ is not None else self
+        return StorageFailure(self.doing, self.where, cause, then)
+
+
+def _errno_of(error: BaseException) -> int | None:
+    if isinstance(error, OSError) and error.errno:
+        return error.errno
+    found = _OS_ERROR.findall(str(error))
+    return int(found[-1]) if found else None
+
+
+def _describe(error: BaseException, code: int | None) -> str:
+    """The OS error first (`No space left on device [ENOSPC]`), then the library's words on one line."""
+    said = " ".join(_COLOURS.sub("", str(error)).replace("↳", " ").split())
+    if code is None:
+        return f"{type(error).__name__}: {said}"
+    name = errnos.errorcode.get(code, str(code))
+    return f"{os.strerror(code)} [{name}] ({said})"
+
+
+def is_fault(error: BaseException) -> bool:
+    """An error of the storage itself, as opposed to a lost commit race or invalid data."""
+    if isinstance(error, StorageFailure):
+        return False  # already worded
+    if isinstance(error, _NOT_FAULTS):
+        return False
+    if isinstance(error, OSError):
+        return True
+    return isinstance(error, DeltaError) and (_OS_ERROR.search(str(error)) is not None
+                                              or _STORE_ERROR.search(str(error)) is not None)
+
+
+@contextmanager
+def writing(doing: str, where: str) -> Iterator[None]:
+    """Turn a storage fault raised in the block into a StorageFailure saying what and where."""
+    try:
+        yield
+    except Exception as error:
+        if is_fault(error):
+            raise StorageFailure(doing, where, error) from error
+        raise
