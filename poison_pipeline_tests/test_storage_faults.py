@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -45,7 +46,8 @@ from poison_pipeline.storage import tables as tables_module
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.faults import StorageFailure
 from poison_pipeline.storage.intake import accepted_total, settle_intake
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import INBOUND, QueueTables
+from poison_pipeline_tests import concurrent_commits as cc
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.dagster_support import QUIET, failure_text
 from poison_pipeline_tests.support import at_step, places
@@ -431,3 +433,28 @@ def test_a_dagster_cycle_run_fails_naming_the_table_and_the_next_run_completes_i
     assert again.success
     assert all(check.passed for check in again.get_asset_check_evaluations()), "a check failed after the rerun"
     assert outcome(declaration) == outcome(baseline)
+
+
+def test_enqueues_and_deletes_of_taken_batches_at_once_all_commit(tmp_path):
+    """delta-rs may refuse one of an append and a delete made at once although they touch different
+    files; both are made again on the newer table, so neither an enqueue nor a cycle fails for it."""
+    lake = str(tmp_path / "lake")
+    declaration = cc.declaration(lake)
+    for i in range(25):
+        enqueue(declaration, "q", [json.dumps({"message_id": f"old{i}", "message_type": "t"})])
+    tables = QueueTables.of(declaration, "q")
+    batches = sorted(set(tables.open(INBOUND).to_pyarrow_table(columns=["batch_id"])["batch_id"].to_pylist()))
+    spawn = multiprocessing.get_context("spawn")
+    errors = spawn.Queue()
+    workers = [spawn.Process(target=cc.enqueue_each, args=(lake, "new", 25, errors)),
+               spawn.Process(target=cc.delete_each, args=(lake, batches, errors))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=300)
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert not found and all(w.exitcode == 0 for w in workers), found
+    ids = sorted(tables.open(INBOUND).to_pyarrow_table(columns=["message_id"])["message_id"].to_pylist())
+    assert ids == sorted(f"new{i}" for i in range(25))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -12,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings
 from poison_pipeline.domain.paths import lake_path, segment
@@ -101,6 +103,21 @@ def _whole_due_batches(paths: list[str], dues: list[datetime | None], batches: d
         if not newly_held:
             return taken
         held |= newly_held
+
+
+# An enqueue's append and a cycle's delete of the batches it took touch different files, yet delta-rs
+# may refuse one of two such commits made at once ("a concurrent transaction deleted data this
+# operation read"). Both are safe to make again on the newer table: a refused commit wrote nothing,
+# an append with an app id is made once only, and deleting a deleted batch changes nothing.
+_COMMIT_TRIES = 8
+
+
+def _commit_attempts(tries: int = _COMMIT_TRIES) -> Iterator[int]:
+    """Attempt numbers, sleeping a growing, jittered pause before each retry."""
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(min(2.0, 0.02 * 2 ** attempt) * (0.5 + random.random()))
+        yield attempt
 
 
 @dataclass(frozen=True)
@@ -199,29 +216,38 @@ class QueueTables:
         `also` are further app transactions recorded by the same commit, `metadata` goes into its
         commit info (the log's history shows it). `snapshot`: the table as the caller just opened it
         (loading a long log again costs milliseconds)."""
-        self.check_lease()
-        target = snapshot if snapshot is not None else self.open(table)
-        transactions = list(also)
-        if app_id is not None:
-            # `or -1` would read a committed version 0 as "never committed".
-            committed = target.transaction_version(app_id)
-            if committed is not None and committed >= version:
-                return False
-            transactions.append(Transaction(app_id, version))
-        properties = CommitProperties(app_transactions=transactions, custom_metadata=metadata) \
-            if transactions or metadata else None
-        with writing("appending to a table", self.describe(table)):
-            write_deltalake(
-                target,
-                data,
-                mode="append",
-                partition_by=schemas.PARTITIONS.get(table),
-                commit_properties=properties,
-                writer_properties=_WRITER,
-                # A table made by an earlier version gains the columns added since (redrive_count).
-                schema_mode="merge",
-            )
-        return True
+        # A stream is read once by the write: only a table can be written again.
+        tries = 1 if isinstance(data, pa.RecordBatchReader) else _COMMIT_TRIES
+        for attempt in _commit_attempts(tries):
+            self.check_lease()
+            target = snapshot if snapshot is not None and attempt == 0 else self.open(table)
+            transactions = list(also)
+            if app_id is not None:
+                # `or -1` would read a committed version 0 as "never committed".
+                committed = target.transaction_version(app_id)
+                if committed is not None and committed >= version:
+                    return False
+                transactions.append(Transaction(app_id, version))
+            properties = CommitProperties(app_transactions=transactions, custom_metadata=metadata) \
+                if transactions or metadata else None
+            try:
+                with writing("appending to a table", self.describe(table)):
+                    write_deltalake(
+                        target,
+                        data,
+                        mode="append",
+                        partition_by=schemas.PARTITIONS.get(table),
+                        commit_properties=properties,
+                        writer_properties=_WRITER,
+                        # A table made by an earlier version gains the columns added since (redrive_count).
+                        schema_mode="merge",
+                    )
+            except CommitFailedError:
+                if attempt == tries - 1:
+                    raise
+                continue
+            return True
+        raise AssertionError("unreachable")
 
     def remove_batches(self, table: str, batch_ids: Iterable[str]) -> None:
         """Delete whole batches; deleting an already deleted batch changes nothing."""
@@ -230,9 +256,15 @@ class QueueTables:
             return
         self.check_lease()
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
-        target = self.open(table)
-        with writing("deleting taken batches from a table", self.describe(table)):
-            target.delete(f"batch_id IN ({quoted})")
+        for attempt in _commit_attempts():
+            target = self.open(table)
+            try:
+                with writing("deleting taken batches from a table", self.describe(table)):
+                    target.delete(f"batch_id IN ({quoted})")
+                return
+            except CommitFailedError:
+                if attempt == _COMMIT_TRIES - 1:
+                    raise
 
     def replace_batches(self, table: str, batch_ids: Iterable[str | None], keep: pads.Expression,
                         snapshot: DeltaTable | None = None, add: pa.Table | None = None) -> None:
