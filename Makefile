@@ -23,9 +23,11 @@ browser:
 demo: java $(STAMP)
 	$(BIN)/python -m poison_pipeline.demo
 
+# The default suite first (it stops there on a failure), then the slower end-to-end tests.
 test: java browser $(STAMP)
 	$(BIN)/ruff check poison_pipeline poison_pipeline_tests benchmarks
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not e2e"
+	$(BIN)/pytest -q -m e2e
 
 ui: java $(STAMP)
 	DAGSTER_HOME=$(CURDIR) $(BIN)/python tools/ui.py
