@@ -259,7 +259,9 @@ def parse_envelope(
         raise EnvelopeError(f"an envelope must be a JSON object, got {type(record).__name__}")
     unknown = sorted(set(record) - FIELDS, key=str)
     if unknown:
-        raise EnvelopeError(f"{unknown[0]}: not an envelope field (fields: {', '.join(sorted(FIELDS))})")
+        key = unknown[0]
+        name = key if isinstance(key, str) and key.isprintable() and key else shown(key)
+        raise EnvelopeError(f"{name}: not an envelope field (fields: {', '.join(sorted(FIELDS))})")
     message_id = _text(record, "message_id", required=True)
     message_type = _text(record, "message_type", required=True)
     # Without an encoding, a body is taken as JSON and no body as an empty message.
