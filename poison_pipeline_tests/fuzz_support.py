@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import pickle
+import random
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
@@ -80,7 +81,7 @@ json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(unicode_text, max_size=30),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(unicode_text, max_size=8), inner, max_size=4),
-    max_leaves=10,
+    max_leaves=6,
 )
 _ZONES = [None, UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=3))]
 timestamps = st.builds(
@@ -318,4 +319,34 @@ def _chaos(draw: st.DrawFn) -> bytes:
     return text.encode("utf-8").replace(b"\n", b" ") if text.strip() else b"{"
 
 
-batches = st.lists(lines(), min_size=40, max_size=160)
+def plain_lines(rng: random.Random, count: int) -> list[Line]:
+    """Valid envelopes as most producers write them (compact ASCII, the body last), cheap to make by
+    the thousand: the lines the vectorised path reads. Some repeat an id."""
+    made = []
+    for n in range(count):
+        message_id = f"bulk-{rng.randrange(count * 4)}"
+        body = {"n": rng.randrange(-10**6, 10**6), "sku": f"S{rng.randrange(100)}",
+                "lines": [rng.randrange(10) for _ in range(rng.randrange(4))], "ok": rng.random() < 0.5}
+        record: dict[str, Any] = {"message_id": message_id, "message_type": rng.choice(["order", "refund"])}
+        if rng.random() < 0.3:
+            record.update(conversation_id=f"c-{rng.randrange(50)}", sequence_number=n)
+        if rng.random() < 0.2:
+            record["enqueued_at"] = f"2026-0{rng.randrange(1, 10)}-1{rng.randrange(10)}T10:00:00Z"
+        if rng.random() < 0.2:
+            record["sender"] = "erp"
+        record["body"] = body
+        made.append(Line(json.dumps(record, separators=rng.choice([(",", ":"), (", ", ": ")])).encode(), "valid",
+                         message_id, json.dumps(body, separators=(",", ":")).encode()))
+    return made
+
+
+@st.composite
+def batches(draw: st.DrawFn, drawn: int = 60, bulk: int = 400) -> list[Line]:
+    """Generated lines of every kind, mixed at random places with up to `bulk` plain ones."""
+    hostile = draw(st.lists(lines(), min_size=1, max_size=drawn))
+    count = draw(st.integers(bulk // 2, bulk))  # hypothesis leans to small numbers: half at least
+    # One drawn seed, not a choice per line: a batch of hundreds stays within hypothesis's size limit.
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    mixed = hostile + plain_lines(rng, count)
+    rng.shuffle(mixed)
+    return mixed

@@ -27,7 +27,7 @@ from poison_pipeline.domain.envelope import FIELDS, parse_envelope, shown
 from poison_pipeline.operations.enqueue import _screen, enqueue_data, refused_path
 from poison_pipeline.storage.enqueue import Parsed, enqueue, envelope_table, land, parse_texts
 from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline_tests.fuzz_support import COUNTS, LINE_LEVEL, MAX_BODY, TTL, Line, batches, fuzz_settings, lines
+from poison_pipeline_tests.fuzz_support import COUNTS, LINE_LEVEL, MAX_BODY, TTL, Line, batches, fuzz_settings
 from poison_pipeline_tests.support import HANDLER
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
@@ -101,7 +101,7 @@ _DEEP = Line(b'{"message_id":"deep","message_type":"t","body":' + b"[" * 100_000
 
 
 @fuzz_settings("envelopes")
-@given(batch=batches)
+@given(batch=batches())
 # pyarrow's JSON reader crashed the process on this line (a stack overflow, not an exception).
 @example(batch=[_DEEP])
 @example(batch=[Line(b'{"message_id":"a\\ud800","message_type":"t"}', "message_id")])
@@ -162,7 +162,7 @@ def run_cli(argv: list[str], stdin: str = "") -> tuple[int, str, str]:
 
 
 @fuzz_settings("cli_enqueue")
-@given(batch=st.lists(lines(), min_size=20, max_size=80))
+@given(batch=batches(drawn=40, bulk=100))
 def test_the_enqueue_command_reports_every_refused_line_and_keeps_it(lake, tmp_path_factory, batch) -> None:
     declaration, config = lake
     source = tmp_path_factory.mktemp("cli_enqueue") / "in.jsonl"
@@ -208,7 +208,7 @@ _PYTHON_ODDITIES: list[Any] = [
 
 
 @fuzz_settings("objects")
-@given(batch=st.lists(lines(), min_size=20, max_size=80), oddities=st.lists(st.sampled_from(_PYTHON_ODDITIES)))
+@given(batch=batches(drawn=40, bulk=100), oddities=st.lists(st.sampled_from(_PYTHON_ODDITIES)))
 def test_the_python_api_takes_decoded_objects_and_odd_values_without_crashing(lake, batch, oddities) -> None:
     declaration, _ = lake
     records: list[Any] = []
