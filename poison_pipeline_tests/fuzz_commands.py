@@ -143,8 +143,8 @@ _ANY = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x0
 _ODD = st.sampled_from(["", "-", "--", "-1", "0", "1e400", "nan", "inf", "-inf", "99999999999999999999", "\udcff",
                         "caf\udce9", "../../etc/passwd", "--json", "-h", "q\n", " q", "'; drop", "2026-02-30",
                         "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-14:00", "PT", "1e400d"])
-_QUEUES = st.sampled_from(["q", "r", "nosuch", "Q", ""])
-_TABLES = st.sampled_from(["poison", "dead_letter", "quarantine", "inbound", "processed", "x"])
+_QUEUES = st.sampled_from(["q"] * 4 + ["r"] * 3 + ["nosuch", "Q", ""])
+_TABLES = st.sampled_from(["poison", "dead_letter", "quarantine"] * 3 + ["inbound", "processed", "x"])
 _TIMES = st.sampled_from(["2026-11-22T10:00Z", "2026-11-22", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-14:00",
                           "tomorrow", "2026-13-40", "12"])
 _AGES = st.sampled_from(["30d", "0", "-1", "1e400d", "99999999999999999999d", "PT1H", "nan", "inf", "365001d", "1h"])
@@ -184,21 +184,36 @@ COMMANDS: dict[str, tuple[list[st.SearchStrategy[str]], dict[str, st.SearchStrat
 }
 
 
+def _mostly(values: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    """The option's own values four times in five, an odd token otherwise."""
+    return st.integers(0, 4).flatmap(lambda roll: _ODD if roll == 0 else values)
+
+
+REQUIRED = {"enqueue": ["--queue"], "edit": ["--body-file"], "redrive": ["--from"],
+            "purge": ["--table", "--older-than"],
+            "end-conversation": ["--code", "--description"]}
+
+
 @st.composite
 def argv_lists(draw: st.DrawFn) -> list[str]:
     """An argument list for one command (CONFIG stands for the declaration file): its positionals and
     any of its options in any order, sometimes one dropped, one unknown, or a stray token."""
     command = draw(st.sampled_from(sorted(COMMANDS)))
     positionals, options = COMMANDS[command]
-    argv = [draw(strategy | _ODD) for strategy in positionals]
-    for option in draw(st.lists(st.sampled_from(sorted(options)), max_size=4, unique=True)):
+    groups = [[draw(_mostly(strategy))] for strategy in positionals]
+    chosen = draw(st.lists(st.sampled_from(sorted(options)), max_size=4, unique=True))
+    if draw(st.integers(0, 4)):  # mostly with the options it requires, so that it runs
+        chosen += [option for option in REQUIRED.get(command, []) if option not in chosen]
+    for option in chosen:
         values = options[option]
-        argv += [option] if values is None else [option, draw(values | _ODD)]
-    argv = draw(st.permutations(argv)) if draw(st.booleans()) else argv
+        groups.append([option] if values is None else [option, draw(_mostly(values))])
+    if draw(st.booleans()):  # options before, between or after the positionals
+        groups = draw(st.permutations(groups))
+    argv = [token for group in groups for token in group]
     roll = draw(st.integers(0, 9))
     if roll == 0:
         argv.insert(draw(st.integers(0, len(argv))), draw(_ODD | st.sampled_from(["--no-such-option", "--help"])))
     elif roll == 1 and argv:
         argv.pop(draw(st.integers(0, len(argv) - 1)))
-    config = ["--config", draw(st.sampled_from(["CONFIG"] * 8 + ["/nonexistent.yaml", "BADCONFIG", "/"]))]
+    config = ["--config", draw(st.sampled_from(["CONFIG"] * 20 + ["/nonexistent.yaml", "BADCONFIG", "/"]))]
     return config + [command, *argv] if draw(st.booleans()) else [command, *argv, *config]

@@ -46,6 +46,7 @@ from poison_pipeline.cli.common import (
     EXIT_USAGE,
     PROG,
     UsageError,
+    check_text_arguments,
 )
 from poison_pipeline.domain.declaration import DeclarationError
 from poison_pipeline.storage.control import StateNotRecorded
@@ -91,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The lease says on stderr whom a command waits for (storage/lease.py logs it).
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(message)s", stream=sys.stderr)
     try:
+        check_text_arguments(args)
         code: int = args.run(args)
         return code
     except (UsageError, DeclarationError, LeaseHeld, StateNotRecorded) as error:

@@ -58,6 +58,20 @@ def add_actor(sub: argparse.ArgumentParser, says: str = "who (recorded)") -> Non
     sub.add_argument("--actor", metavar="NAME", default=default_actor(), help=says)
 
 
+def check_text_arguments(args: argparse.Namespace) -> None:
+    """Refuse an argument that is not UTF-8 text: the shell passes bytes, which Python turns into
+    lone surrogates; no id, queue or path in the lake can be spelled so."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as error:
+                    byte = text[error.start].encode("utf-8", "surrogateescape")
+                    raise UsageError(f"argument {name}: {text!r} is not UTF-8 text (byte {byte!r} at "
+                                     f"character {error.start})") from None
+
+
 def declaration_of(args: argparse.Namespace) -> Declaration:
     return load_declaration(args.config)
 
