@@ -67,6 +67,10 @@ def _names_something(err: str, argv: list[str], command: str) -> bool:
 @example(argv=["--config", "BADCONFIG", "status"])
 @example(argv=["--config", "CONFIG", "redrive", "q", "--from", "poison", "--ids", "IDS"])  # not UTF-8
 @example(argv=["--config", "CONFIG", "inspect", "m-1", "--table", "poison", "--as-of", "99999999999999999999"])
+# The id names a folder: delta-rs could not read a plan under a non-ASCII one (a traceback), and
+# "../x" would have left the queue's folder.
+@example(argv=["--config", "CONFIG", "edit", "m-1", "--id", "\U000b8683\u00b2", "--body-file", "BODY"])
+@example(argv=["--config", "CONFIG", "redrive", "q", "--from", "poison", "--id", "../../x"])
 def test_every_argument_list_exits_as_documented_without_a_traceback(lake: dict[str, str], argv: list[str]) -> None:
     argv = [lake.get(token, token) for token in argv]
     code, out, err = run_cli(argv)
