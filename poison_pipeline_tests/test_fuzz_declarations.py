@@ -16,7 +16,13 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from poison_pipeline.domain.declaration import Declaration, DeclarationError, load_declaration, parse_declaration
+from poison_pipeline.domain.declaration import (
+    Declaration,
+    DeclarationError,
+    field_path,
+    load_declaration,
+    parse_declaration,
+)
 from poison_pipeline.domain.durations import LONGEST
 from poison_pipeline.storage.enqueue import parse_texts
 from poison_pipeline_tests.fuzz_commands import BASE, Mutation, declarations
@@ -74,6 +80,8 @@ _NAN_DELAY = ({**BASE, "queues": {"q": {"handler": BASE["queues"]["q"]["handler"
 @example(case=({**BASE, "lease": {"wait": "99999999999999999999d"}}, [Mutation("lease.wait", "99999999999999999999d")]))
 @example(case=({**BASE, "lease": {"expiry": 1e308}}, [Mutation("lease.expiry", 1e308)]))
 @example(case=_NAN_DELAY)
+# The error line read `storage_options.  = None`: a blank key left unquoted.
+@example(case=({**BASE, "storage_options": {" ": None}}, [Mutation("storage_options", {" ": None})]))
 # Accepted, then every enqueue failed: pyarrow cannot compare a body's length with 10**30.
 @example(case=({**BASE, "queues": {"q": {**BASE["queues"]["q"], "policy": {"max_body_bytes": 10**30}}}},
                [Mutation("queues.q.policy.max_body_bytes", 10**30)]))
@@ -97,7 +105,7 @@ def _rendered(mutations: list[Mutation]) -> list[Mutation]:
     for m in mutations:
         if m.value == "renamed":
             name = m.path.removeprefix("queues.")
-            out.append(Mutation("queues." + (name if name.isprintable() and name else repr(name)), m.value))
+            out.append(Mutation(field_path(("queues", name)), m.value))
         else:
             out.append(m)
     return out

@@ -21,6 +21,7 @@ from poison_pipeline.handlers import batch_size
 
 _QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 CONFIG_ENV = "POISON_PIPELINE_CONFIG"
+_WORD = re.compile(r"[\w-]+")
 # The tables a declared retention purges: where failed messages stay until someone decides.
 RETENTION_TABLES = FAILURE_TABLES
 
@@ -241,8 +242,9 @@ def _format(error: ValidationError, source: str) -> str:
 
 def field_path(loc: tuple[int | str, ...]) -> str:
     """A field's path as the error names it: `queues.orders.policy.time_to_live`; a part that is not
-    plain printable text (a queue named "q\n") quoted, so every error stays one line."""
-    parts = [str(part) if str(part).isprintable() and str(part) else repr(part) for part in loc]
+    a plain word (a queue named "q\n", a storage option " ") quoted, so every error stays one line
+    and no part can be mistaken for another."""
+    parts = [str(part) if isinstance(part, int) or _WORD.fullmatch(part) else repr(part) for part in loc]
     return ".".join(parts) or "(top level)"
 
 
