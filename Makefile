@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test ui bench bench-quick soak lint java browser clean
+.PHONY: demo test fuzz ui bench bench-quick soak lint java browser clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=/path/to/python3.11)")'
@@ -28,6 +28,11 @@ test: java browser $(STAMP)
 	$(BIN)/ruff check poison_pipeline poison_pipeline_tests benchmarks
 	$(BIN)/pytest -q -m "not e2e"
 	$(BIN)/pytest -q -m e2e
+
+# The fuzz tests with hypothesis's long profile (`make test` runs them bounded): at least 10,000
+# generated envelopes, declarations and argument lists; the counts are printed at the end.
+fuzz: java $(STAMP)
+	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q --durations=5 poison_pipeline_tests/test_fuzz_*.py
 
 ui: java $(STAMP)
 	DAGSTER_HOME=$(CURDIR) $(BIN)/python tools/ui.py

@@ -11,8 +11,17 @@ from pyspark.sql import SparkSession
 
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration
 from poison_pipeline.engine.session import build_session
+from poison_pipeline_tests.fuzz_support import COUNTS, active_profile, register_profiles
 
 SPARK = SparkSettings(master="local[2]", config={"spark.sql.shuffle.partitions": "2"})
+register_profiles()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """What the fuzz tests generated, so a run says how much it tried (`make fuzz` reports it)."""
+    if COUNTS:
+        counted = ", ".join(f"{count:,} {kind}" for kind, count in sorted(COUNTS.items()))
+        terminalreporter.write_line(f"fuzz ({active_profile()} profile): {counted}")
 
 
 @pytest.fixture(scope="session")

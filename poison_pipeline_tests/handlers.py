@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -72,3 +73,12 @@ def two_bugs(message: Message) -> None:
         _parse_payload(body["payload"])
     if "sku" in body:
         _price(body["sku"])
+
+
+def reads_and_fails(message: Message) -> None:
+    """Reads the body every way a handler can (`json()`, `text()`), then fails, whatever the body."""
+    with contextlib.suppress(ValueError):  # not JSON, not UTF-8
+        message.json()
+    with contextlib.suppress(ValueError):
+        message.text()
+    raise ValueError(f"cannot process {message.message_type}")

@@ -106,7 +106,8 @@ def test_enqueue_refuses_lines_that_would_break_the_whole_batch(tmp_path: Path, 
     assert code == 1
     assert "enqueued 1 of 4" in out
     assert "line 2: not valid UTF-8 at byte" in err
-    assert "line 3: message_id 'lone\\ud800': cannot be stored as UTF-8 text" in err
+    assert ("line 3: message_id 'lone\\ud800': message_id: has a lone surrogate ('\\ud800' at character 4), "
+            "which is not Unicode text and cannot be stored") in err
     assert "line 4: not valid JSON" in err
     assert inbound_ids(config) == ["good"]
     # The refused lines are kept byte for byte, invalid UTF-8 included.

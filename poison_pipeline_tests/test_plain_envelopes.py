@@ -131,13 +131,12 @@ def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration) -
     result = enqueue_data(declaration, "q", data, now=NOW)
 
     # The per-record path alone, as `enqueue_lines` ran before the vectorised path existed.
-    policy = declaration.queue("r").policy
     screened, others = [], []
     for number, raw in enumerate(data.split(b"\n"), start=1):
         if raw.strip():
-            text, message_id, problem = _screen(raw, policy, NOW)
+            text, problem = _screen(raw)
             if text is None:
-                screened.append((number, message_id, problem))
+                screened.append((number, None, problem))
             else:
                 others.append((number, text))
     baseline = land(declaration, "r", Parsed.none(), others, lambda n: "", NOW)

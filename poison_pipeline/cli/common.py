@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -58,6 +59,20 @@ def add_actor(sub: argparse.ArgumentParser, says: str = "who (recorded)") -> Non
     sub.add_argument("--actor", metavar="NAME", default=default_actor(), help=says)
 
 
+def check_text_arguments(args: argparse.Namespace) -> None:
+    """Refuse an argument that is not UTF-8 text: the shell passes bytes, which Python turns into
+    lone surrogates; no id, queue or path in the lake can be spelled so."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as error:
+                    byte = text[error.start].encode("utf-8", "surrogateescape")
+                    raise UsageError(f"argument {name}: {text!r} is not UTF-8 text (byte {byte!r} at "
+                                     f"character {error.start})") from None
+
+
 def declaration_of(args: argparse.Namespace) -> Declaration:
     return load_declaration(args.config)
 
@@ -83,6 +98,18 @@ def _json_value(value: object) -> object:
 def print_json(data: object) -> None:
     """The `--json` output: times ISO 8601, bytes base64."""
     print(json.dumps(data, default=_json_value, indent=2, ensure_ascii=False))
+
+
+_ACTION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def action_id(text: str) -> str:
+    """An `--id` given to redrive, purge or edit: it names a folder of the lake, so it stays plain."""
+    if not _ACTION_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: an action id is ASCII letters, digits, '.', '_' and '-', starting with a letter or "
+            "digit, at most 200 characters (it names a folder of the lake)")
+    return text
 
 
 def moment(text: str) -> datetime:

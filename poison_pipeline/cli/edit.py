@@ -11,6 +11,7 @@ from poison_pipeline.cli.common import (
     EXIT_OK,
     Commands,
     UsageError,
+    action_id,
     add_actor,
     add_command,
     add_json,
@@ -41,7 +42,7 @@ def add_parser(commands: Commands) -> None:
     sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only look in this queue")
     sub.add_argument("--from", dest="source", choices=FAILURE_TABLES, default=None,
                      help="only look in this table")
-    sub.add_argument("--id", metavar="ID", help="the edit's id (resume or repeat it)")
+    sub.add_argument("--id", metavar="ID", type=action_id, help="the edit's id (resume or repeat it)")
     add_actor(sub)
     add_json(sub)
 

@@ -11,6 +11,7 @@ from poison_pipeline.cli.common import (
     EXIT_OK,
     Commands,
     UsageError,
+    action_id,
     add_actor,
     add_command,
     add_json,
@@ -44,7 +45,7 @@ def add_parser(commands: Commands) -> None:
                      help="failed more than this long ago: 30d, 12h, 90m, PT1H or seconds")
     add_selection_arguments(sub)
     sub.add_argument("--yes", "-y", action="store_true", help="delete without asking")
-    sub.add_argument("--id", metavar="ID", help="the purge's id (resume it after a kill)")
+    sub.add_argument("--id", metavar="ID", type=action_id, help="the purge's id (resume it after a kill)")
     add_actor(sub)
     add_json(sub)
 

@@ -16,6 +16,7 @@ from poison_pipeline.cli.common import (
     EXIT_OK,
     Commands,
     UsageError,
+    action_id,
     add_actor,
     add_command,
     add_json,
@@ -48,7 +49,7 @@ def add_parser(commands: Commands) -> None:
     sub.add_argument("--dry-run", action="store_true", help="say what would move; change nothing")
     sub.add_argument("--rate", metavar="N/s", type=_rate, help="release N messages a second (due times)")
     sub.add_argument("--limit", metavar="N", type=int, help="move at most N messages")
-    sub.add_argument("--id", metavar="ID", help="the redrive's id (resume or repeat it)")
+    sub.add_argument("--id", metavar="ID", type=action_id, help="the redrive's id (resume or repeat it)")
     sub.add_argument("--force", action="store_true", help="also messages past the loop guard (max_redrives)")
     add_actor(sub)
     add_json(sub)

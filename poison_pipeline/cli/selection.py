@@ -24,8 +24,11 @@ def selection(args: argparse.Namespace) -> Selection:
     ids = None
     if args.ids is not None:
         try:
-            ids = tuple(line.strip() for line in Path(args.ids).read_text().splitlines() if line.strip())
+            ids = tuple(line.strip() for line in Path(args.ids).read_bytes().decode("utf-8").splitlines()
+                        if line.strip())
         except OSError as error:
             raise UsageError(f"--ids {args.ids}: {error.strerror}") from None
+        except UnicodeDecodeError as error:  # no message id is anything but UTF-8 text
+            raise UsageError(f"--ids {args.ids}: not UTF-8 text (byte {error.start})") from None
     return Selection(args.group, args.error_type, args.message_type, args.conversation, args.failed_after,
                      args.failed_before, ids, args.where)

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from poison_pipeline.domain.envelope import shown
 from poison_pipeline.domain.imports import import_callable
 from poison_pipeline.domain.policy import Duration, Ordering, PoisonQueuePolicy, Policy
 from poison_pipeline.domain.routing import FAILURE_TABLES
@@ -20,6 +21,7 @@ from poison_pipeline.handlers import batch_size
 
 _QUEUE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 CONFIG_ENV = "POISON_PIPELINE_CONFIG"
+_WORD = re.compile(r"[\w-]+")
 # The tables a declared retention purges: where failed messages stay until someone decides.
 RETENTION_TABLES = FAILURE_TABLES
 
@@ -220,7 +222,7 @@ class Declaration(BaseModel):
         if not value:
             raise ValueError("declare at least one queue")
         for name in value:
-            if not _QUEUE_NAME.fullmatch(name):
+            if not _QUEUE_NAME.fullmatch(name):  # match's $ would let "q\n" through
                 raise ValueError(
                     f"queue name {name!r} must be lowercase letters, digits and _, "
                     "starting with a letter (it names tables and Dagster assets)"
@@ -244,10 +246,19 @@ class Declaration(BaseModel):
 def _format(error: ValidationError, source: str) -> str:
     lines = [f"invalid declaration {source}:"]
     for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where} = {_shown_input(item['loc'], item.get('input'))!r}: {message}")
+        where = field_path(item["loc"])
+        # One line per error, whatever an import error or a value quoted in it holds.
+        message = " ".join(item["msg"].removeprefix("Value error, ").splitlines())
+        lines.append(f"  {where} = {shown(_shown_input(item['loc'], item.get('input')), 200)}: {message}")
     return "\n".join(lines)
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A field's path as the error names it: `queues.orders.policy.time_to_live`; a part that is not
+    a plain word (a queue named "q\n", a storage option " ") quoted, so every error stays one line
+    and no part can be mistaken for another."""
+    parts = [str(part) if isinstance(part, int) or _WORD.fullmatch(part) else repr(part) for part in loc]
+    return ".".join(parts) or "(top level)"
 
 
 def _shown_input(loc: tuple[int | str, ...], value: object) -> object:
@@ -281,7 +292,9 @@ def load_declaration(path: str | os.PathLike[str] | None = None) -> Declaration:
     if not chosen.is_file():
         raise DeclarationError(f"declaration file {chosen} does not exist")
     try:
-        data = yaml.safe_load(chosen.read_text())
+        data = yaml.safe_load(chosen.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise DeclarationError(f"declaration {chosen} is not UTF-8 text (byte {error.start})") from None
     except yaml.YAMLError as error:
         raise DeclarationError(f"declaration {chosen} is not valid YAML: {error}") from None
     return parse_declaration(data, str(chosen), chosen.parent)

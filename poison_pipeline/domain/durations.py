@@ -3,6 +3,7 @@ the times they give operators' commands (ISO 8601, UTC unless they name a zone).
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -11,26 +12,44 @@ _SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _ISO = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
 
 
+# Longer than any retention or delay means anything, short enough that now plus or minus it is a date.
+LONGEST = timedelta(days=365_000)
+
+
 def parse_duration(value: object) -> timedelta:
     """Return `value` as a timedelta, or raise ValueError naming the accepted forms."""
     if isinstance(value, timedelta):
-        return value
+        return _bounded(value, value)
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration")
     if isinstance(value, int | float):
-        return timedelta(seconds=float(value))
+        return _bounded(_seconds(float(value), value), value)
     if isinstance(value, str):
-        short = _SHORT.match(value)
+        short = _SHORT.fullmatch(value)
         if short:
-            return timedelta(seconds=float(short.group(1)) * _UNITS[short.group(2)])
-        iso = _ISO.match(value.strip())
+            return _bounded(_seconds(float(short.group(1)) * _UNITS[short.group(2)], value), value)
+        iso = _ISO.fullmatch(value.strip())
         if iso and any(iso.groups()):
             days, hours, minutes, seconds = (float(g) if g else 0.0 for g in iso.groups())
-            return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+            return _bounded(_seconds(days * 86400 + hours * 3600 + minutes * 60 + seconds, value), value)
     raise ValueError(
         f"{value!r} is not a duration: write seconds (90), a number with a unit "
         "(500ms, 30s, 30m, 1h, 2d) or ISO 8601 (PT30M)"
     )
+
+
+def _seconds(seconds: float, value: object) -> timedelta:
+    if math.isnan(seconds):
+        raise ValueError(f"{value!r} is not a duration: NaN is no number of seconds")
+    if abs(seconds) > LONGEST.total_seconds():
+        raise ValueError(f"{value!r} is longer than {LONGEST.days} days (about 1000 years), the longest duration")
+    return timedelta(seconds=seconds)
+
+
+def _bounded(duration: timedelta, value: object) -> timedelta:
+    if abs(duration) > LONGEST:
+        raise ValueError(f"{value!r} is longer than {LONGEST.days} days (about 1000 years), the longest duration")
+    return duration
 
 
 def parse_time(text: str) -> datetime:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -124,6 +125,16 @@ class Message:
         return self.envelope.body.decode("utf-8")
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """A refused value as a refusal quotes it: its repr, cut short (an integer of thousands of digits
+    has none)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit - 5]}...{text[-1]}"
+
+
 def _timestamp(record: dict[str, Any], name: str) -> datetime | None:
     value = record.get(name)
     if value is None:
@@ -134,10 +145,24 @@ def _timestamp(record: dict[str, Any], name: str) -> datetime | None:
         try:
             parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
-            raise EnvelopeError(f"{name}: {value!r} is not an ISO 8601 timestamp") from None
+            raise EnvelopeError(f"{name}: {shown(value)} is not an ISO 8601 timestamp") from None
     else:
-        raise EnvelopeError(f"{name}: {value!r} is not an ISO 8601 timestamp")
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        raise EnvelopeError(f"{name}: {shown(value)} is not an ISO 8601 timestamp")
+    try:
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is in year 0 in UTC
+        raise EnvelopeError(f"{name}: {shown(value)} is out of range in UTC (years 1 to 9999)") from None
+
+
+def _storable(name: str, value: str) -> str:
+    """`value`, unless it holds a lone surrogate (JSON can escape one, `\\ud800`): not Unicode text,
+    so no UTF-8 column can store it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise EnvelopeError(f"{name}: has a lone surrogate ({value[error.start]!r} at character {error.start}), "
+                            "which is not Unicode text and cannot be stored") from None
+    return value
 
 
 def _text(record: dict[str, Any], name: str, required: bool, limit: int = TEXT_LIMIT) -> str | None:
@@ -147,10 +172,10 @@ def _text(record: dict[str, Any], name: str, required: bool, limit: int = TEXT_L
             raise EnvelopeError(f"{name}: required, and missing or empty")
         return None
     if not isinstance(value, str):
-        raise EnvelopeError(f"{name}: {value!r} must be a string")
+        raise EnvelopeError(f"{name}: {shown(value)} must be a string")
     if len(value) > limit:
         raise EnvelopeError(f"{name}: longer than {limit} characters")
-    return value
+    return _storable(name, value)
 
 
 def _body(record: dict[str, Any], encoding: str) -> bytes:
@@ -165,10 +190,14 @@ def _body(record: dict[str, Any], encoding: str) -> bytes:
     if value is None:
         return b""
     if encoding == "json" and not isinstance(value, str):
-        return json.dumps(value, separators=(",", ":")).encode()
+        try:
+            # NaN and infinities (a JSON reader's 1e400) are not JSON: refused, never stored as `Infinity`.
+            return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError, RecursionError) as error:
+            raise EnvelopeError(f"body: cannot be written as JSON ({type(error).__name__}: {error})") from None
     if not isinstance(value, str):
         raise EnvelopeError(f"body: a {encoding} body must be a string (or use body_base64)")
-    return value.encode("utf-8")
+    return _storable("body", value).encode("utf-8")
 
 
 def check_body(body: bytes, encoding: str, max_bytes: int) -> None:
@@ -190,14 +219,33 @@ def check_body(body: bytes, encoding: str, max_bytes: int) -> None:
         ) from None
     if encoding == "json":
         try:
-            json.loads(text)
+            value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
         except json.JSONDecodeError as error:
             raise EnvelopeError(f"body: not valid JSON ({error})") from None
+        except (ValueError, RecursionError) as error:
+            raise EnvelopeError(f"body: not valid JSON ({type(error).__name__}: {error})") from None
+        if "\\u" in text:  # only an escape spells a lone surrogate in UTF-8 text
+            try:
+                json.dumps(value, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise EnvelopeError("body: a string in the JSON body has a lone surrogate (an escaped \\ud800 to "
+                                    "\\udfff without its pair), which is not Unicode text") from None
     elif encoding == "xml":
         try:
             ElementTree.fromstring(text)
         except ElementTree.ParseError as error:
             raise EnvelopeError(f"body: not well-formed XML ({error})") from None
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range (a 64-bit float)")
+    return value
 
 
 def parse_envelope(
@@ -209,36 +257,48 @@ def parse_envelope(
     """Validate one record (a decoded JSON object) into an Envelope, or raise EnvelopeError."""
     if not isinstance(record, dict):
         raise EnvelopeError(f"an envelope must be a JSON object, got {type(record).__name__}")
-    unknown = sorted(set(record) - FIELDS)
+    unknown = sorted(set(record) - FIELDS, key=str)
     if unknown:
-        raise EnvelopeError(f"{unknown[0]}: not an envelope field (fields: {', '.join(sorted(FIELDS))})")
+        key = unknown[0]
+        name = key if isinstance(key, str) and key.isprintable() and key else shown(key)
+        raise EnvelopeError(f"{name}: not an envelope field (fields: {', '.join(sorted(FIELDS))})")
     message_id = _text(record, "message_id", required=True)
     message_type = _text(record, "message_type", required=True)
     # Without an encoding, a body is taken as JSON and no body as an empty message.
     has_body = record.get("body") is not None or "body_base64" in record
-    encoding = record.get("encoding") or ("json" if has_body else "empty")
-    if encoding not in ENCODINGS:
-        raise EnvelopeError(f"encoding: {encoding!r} is not one of {', '.join(ENCODINGS)}")
+    # An empty encoding reads as none, as an empty optional text does; any other non-text is refused.
+    encoding = record.get("encoding")
+    encoding = encoding if encoding not in (None, "") else ("json" if has_body else "empty")
+    if not isinstance(encoding, str) or encoding not in ENCODINGS:
+        raise EnvelopeError(f"encoding: {shown(encoding)} is not one of {', '.join(ENCODINGS)}")
     body = _body(record, encoding)
     check_body(body, encoding, max_body_bytes)
     sequence = record.get("sequence_number")
     if sequence is not None and (isinstance(sequence, bool) or not isinstance(sequence, int)):
-        raise EnvelopeError(f"sequence_number: {sequence!r} must be an integer")
+        raise EnvelopeError(f"sequence_number: {shown(sequence)} must be an integer")
     if sequence is not None and not -(2**63) <= sequence < 2**63:
         # The tables store it as a 64-bit integer: a larger one would fail the whole batch's commit.
-        raise EnvelopeError(f"sequence_number: {sequence!r} is out of range (a 64-bit integer)")
+        raise EnvelopeError(f"sequence_number: {shown(sequence)} is out of range (a 64-bit integer)")
     conversation_id = _text(record, "conversation_id", required=False)
     if sequence is not None and conversation_id is None:
         raise EnvelopeError("sequence_number: only meaningful with a conversation_id")
-    headers = record.get("headers") or {}
+    headers = record.get("headers")
+    headers = {} if headers is None else headers
     if not isinstance(headers, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
     ):
         raise EnvelopeError("headers: must be an object of string keys to string values")
+    for key, value in headers.items():
+        _storable("headers", key)
+        _storable("headers", value)
     enqueued_at = _timestamp(record, "enqueued_at") or now
     expires_at = _timestamp(record, "expires_at")
     if expires_at is None and time_to_live is not None:
-        expires_at = enqueued_at + time_to_live
+        try:
+            expires_at = enqueued_at + time_to_live
+        except OverflowError:
+            raise EnvelopeError(f"enqueued_at: {enqueued_at.isoformat()} plus the queue's time_to_live "
+                                f"({time_to_live}) is past the year 9999") from None
     return Envelope(
         message_id=message_id or "",
         message_type=message_type or "",

@@ -14,7 +14,7 @@ def import_object(path: str) -> Any:
     """Import `module:attr`, or a builtin name such as `ValueError`; ValueError says what failed."""
     if ":" not in path and path.isidentifier() and hasattr(builtins, path):
         return getattr(builtins, path)
-    if not _IMPORT_PATH.match(path):
+    if not _IMPORT_PATH.fullmatch(path):  # match's $ would take a final newline
         raise ValueError(f"{path!r} is not an import path: write 'package.module:name'")
     module, attr = path.split(":", 1)
     try:

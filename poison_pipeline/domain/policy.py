@@ -81,7 +81,7 @@ class Policy(_Strict):
     # disposition as a whole (WCF sessions), or it is ended with this application error code
     # (Service Broker option C: skipping one message would leave the exchange in an illegal state).
     on_conversation_poison: OnConversationPoison = OnConversationPoison.RETRY_WHOLE
-    conversation_error_code: int = Field(default=1, gt=0)
+    conversation_error_code: int = Field(default=1, gt=0, lt=2**63)  # stored as a 64-bit integer
     # Service Broker disables a queue after five rollbacks in a row. Here: this many messages in a
     # row failed with an error that points at a dependency (`outage_errors`, subclasses included)
     # and nothing succeeded in between. Other failures are the messages' own business (a profile
@@ -96,7 +96,8 @@ class Policy(_Strict):
     # Duplicates are detected against messages processed within this window: it bounds what a
     # cycle reads to recent history instead of all of it.
     dedup_window: Duration = timedelta(days=7)
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # A body is one Arrow and Parquet value, whose lengths are 32-bit: 2 GiB at most.
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, lt=2**31)
     # A loop guard: a message an operator sent back this many times is skipped by redrive unless forced.
     max_redrives: int = Field(default=3, ge=1)
 

@@ -8,7 +8,6 @@ reason, and the refused lines can be written beside the input so that nothing is
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,8 +19,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
-from poison_pipeline.domain.policy import Policy
 from poison_pipeline.storage.enqueue import land, parse_texts
 
 
@@ -107,9 +104,9 @@ def _enqueue(declaration: Declaration, queue: str, raws: pa.Array, numbers: np.n
     texts: dict[int, str] = {}
     for number in numbers[left].tolist():
         line = line_of(number)
-        text, message_id, problem = _screen(line.raw, policy, now)
+        text, problem = _screen(line.raw)
         if text is None:
-            refused.append(Refusal(line, message_id, problem or "refused"))
+            refused.append(Refusal(line, None, problem or "refused"))
             continue
         others.append((number, text))
         texts[number] = text
@@ -119,36 +116,17 @@ def _enqueue(declaration: Declaration, queue: str, raws: pa.Array, numbers: np.n
     return FileEnqueued(queue, len(numbers), result.accepted, result.batch_id, tuple(refused))
 
 
-def _screen(raw: bytes, policy: Policy, now: datetime) -> tuple[str | None, object, str | None]:
-    """The line as text, or why it cannot even be handed to `enqueue`.
+def _screen(raw: bytes) -> tuple[str | None, str | None]:
+    """The line as text, or why it cannot even be handed to `enqueue`: bytes that are not UTF-8.
 
-    `enqueue` reports envelope errors itself; this catches what would make it fail for the whole
-    file instead (bytes that are not UTF-8, escaped lone surrogates, dates out of range, nesting
-    too deep), so one bad line never blocks the good ones.
+    Everything else (JSON that does not read, nesting too deep, escaped lone surrogates, dates out
+    of range) `land` refuses with the field and the rule, one line at a time.
     """
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8"), None
     except UnicodeDecodeError as error:
-        return None, None, (f"not valid UTF-8 at byte {error.start} (send binary bodies base64-encoded "
+        return None, (f"not valid UTF-8 at byte {error.start} (send binary bodies base64-encoded "
                             "in body_base64 with encoding 'binary')")
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError:
-        return text, None, None  # enqueue refuses it with its own message
-    except (ValueError, RecursionError) as error:
-        return None, None, f"not valid JSON ({type(error).__name__}: {error})"
-    message_id = record.get("message_id") if isinstance(record, dict) else None
-    try:
-        json.dumps(record, ensure_ascii=False).encode("utf-8")
-    except (UnicodeEncodeError, RecursionError, ValueError) as error:
-        return None, message_id, f"cannot be stored as UTF-8 text ({type(error).__name__}: {error})"
-    try:
-        parse_envelope(record, now, policy.time_to_live, policy.max_body_bytes)
-    except EnvelopeError:
-        return text, message_id, None
-    except (ArithmeticError, ValueError, TypeError, RecursionError) as error:
-        return None, message_id, f"cannot be enqueued ({type(error).__name__}: {error})"
-    return text, message_id, None
 
 
 def refused_path(path: Path) -> Path:

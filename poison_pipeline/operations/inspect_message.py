@@ -161,7 +161,7 @@ def _at(tables: QueueTables, table: str, as_of: AsOf) -> DeltaTable | None:
     if isinstance(as_of, int):
         try:
             return DeltaTable(tables.uri(table), version=as_of, storage_options=tables.storage_options)
-        except DeltaError:
+        except (DeltaError, OverflowError):  # a version past 2**63 is none either
             latest = tables.open(table).version()
             raise AsOfError(f"--as-of {as_of}: {tables.queue}/{table} has versions 0 to {latest} "
                             "(older ones may have been vacuumed)") from None

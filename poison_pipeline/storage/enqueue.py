@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.envelope import Envelope, EnvelopeError, parse_envelope
+from poison_pipeline.domain.envelope import Envelope, EnvelopeError, parse_envelope, shown
 from poison_pipeline.domain.policy import Policy
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import StorageFailure
@@ -117,7 +117,8 @@ def enqueue(
     policy = declaration.queue(queue).policy
     now = now or datetime.now(UTC)
     records = list(records)
-    texts = [i for i, record in enumerate(records) if isinstance(record, str)]
+    # A text holding a lone surrogate is no UTF-8 text for Arrow: the per-record path refuses it.
+    texts = [i for i, record in enumerate(records) if isinstance(record, str) and _encodable(record)]
     parsed, left = parse_texts(pa.array([records[i] for i in texts], pa.large_string()),
                                np.array(texts, dtype=np.int64) + 1, policy, now)
     by_record = set(np.array(texts, dtype=np.int64)[~left].tolist()) if texts else set()
@@ -133,29 +134,26 @@ def land(declaration: Declaration, queue: str, parsed: Parsed, others: list[tupl
     result = EnqueueResult()
     envelopes: list[Envelope] = []
     numbers: list[int] = []
-    late: dict[int, str] = {}
     for line, record in others:
         try:
             record = _decode(record)
-            envelope, problem = _parse(record, policy, now)
-        except (EnvelopeError, UnicodeError, OverflowError, RecursionError) as error:
+            envelope = parse_envelope(record, now, policy.time_to_live, policy.max_body_bytes)
+        except EnvelopeError as error:
             message_id = record.get("message_id") if isinstance(record, dict) else None
             result.refused.append(Refusal(line, message_id, str(error), raw_of(line)[:1000]))
             continue
         envelopes.append(envelope)
         numbers.append(line)
-        if problem is not None:
-            late[line] = problem
     table = pa.concat_tables([parsed.envelopes, envelope_table(envelopes)])
     lines = np.concatenate([parsed.lines, np.array(numbers, dtype=np.int64)])
     if np.any(np.diff(lines) < 0):  # the vectorised rows alone are in order already: no copy
         order = np.argsort(lines, kind="stable")
         table, lines = table.take(pa.array(order)), lines[order]
-    keep, repeated = _claims(table["message_id"], lines, late)
+    keep = _first_of_each(table["message_id"])
     for position in np.flatnonzero(~keep).tolist():
         line = int(lines[position])
         message_id = table["message_id"][position].as_py()
-        error = f"message_id: {message_id!r} appears twice in this batch" if repeated[position] else late[line]
+        error = f"message_id: {message_id!r} appears twice in this batch"
         result.refused.append(Refusal(line, message_id, error, raw_of(line)[:1000]))
     result.refused.sort(key=lambda refusal: refusal.line)
     accepted = table.filter(pa.array(keep))
@@ -191,7 +189,23 @@ def _after_failure(tables: QueueTables, batch_id: str, messages: int) -> str:
 
 
 def _raw(record: Any) -> str:
-    return record if isinstance(record, str) else json.dumps(record, default=str)
+    """The record as a refusal quotes it."""
+    if isinstance(record, str):
+        return record
+    try:
+        return json.dumps(record, default=str)
+    except (TypeError, ValueError, RecursionError):  # keys JSON cannot have, huge integers, deep nesting
+        return shown(record, 1000)
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _decode(record: Any) -> Any:
@@ -201,32 +215,15 @@ def _decode(record: Any) -> Any:
         return json.loads(record)
     except json.JSONDecodeError as error:
         raise EnvelopeError(f"not valid JSON ({error})") from None
+    except (ValueError, RecursionError) as error:  # an integer of thousands of digits, nesting too deep
+        raise EnvelopeError(f"not valid JSON ({type(error).__name__}: {error})") from None
 
 
-def _parse(record: Any, policy: Policy, now: datetime) -> tuple[Envelope, str | None]:
-    """The per-record path: the envelope, and why it cannot be stored if it cannot (a problem that
-    counts only once the record is not refused as a repeat)."""
-    envelope = parse_envelope(record, now, policy.time_to_live, policy.max_body_bytes)
-    try:
-        # Lone surrogates pass json.loads but cannot be stored as UTF-8: refuse them here.
-        json.dumps(record, ensure_ascii=False, default=str).encode("utf-8")
-    except (UnicodeError, OverflowError, RecursionError) as error:
-        return envelope, str(error)
-    return envelope, None
-
-
-def _claims(ids: pa.ChunkedArray, lines: np.ndarray, late: dict[int, str]) -> tuple[np.ndarray, np.ndarray]:
-    """Which rows (in line order) keep their id, the first of each id among rows that can be stored,
-    and which rows come after that first one: repeats, refused as such whatever else is wrong."""
-    storable = np.array([int(line) not in late for line in lines], dtype=bool) if late \
-        else np.ones(len(lines), dtype=bool)
+def _first_of_each(ids: pa.ChunkedArray) -> np.ndarray:
+    """Which rows (in line order) are the first of their id; the others are repeats."""
     codes = np.asarray(pc.dictionary_encode(ids.combine_chunks()).indices.to_numpy(zero_copy_only=False),
                        dtype=np.int64)
-    keep = np.zeros(len(lines), dtype=bool)
-    candidates = np.flatnonzero(storable)
-    _, first = np.unique(codes[candidates], return_index=True)
-    keep[candidates[first]] = True
-    claimed_at = np.full(int(codes.max()) + 1 if len(codes) else 0, len(lines), dtype=np.int64)
-    claimed_at[codes[keep]] = np.flatnonzero(keep)
-    repeated = claimed_at[codes] < np.arange(len(lines))
-    return keep, repeated
+    keep = np.zeros(len(codes), dtype=bool)
+    _, first = np.unique(codes, return_index=True)
+    keep[first] = True
+    return keep

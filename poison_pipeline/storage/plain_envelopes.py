@@ -11,7 +11,8 @@ outside printable ASCII (tabs and CR aside), backslashes (escapes), `body_base64
 `headers`, `xml`/`binary` bodies, a JSON body that is a string, number or literal or that other
 members follow (the body last is what most producers write), a body whose compact form
 `json.dumps` would write differently (exponents, long or trailing-zero fractions, NaN),
-timestamps other than `YYYY-MM-DD[T ]hh:mm:ss[.f{1,6}][Z|±hh:mm]`, and any line pyarrow's JSON
+timestamps other than `YYYY-MM-DD[T ]hh:mm:ss[.f{1,6}][Z|±hh:mm]`, lines with more than 256
+brackets (nesting), and any line pyarrow's JSON
 reader refuses (wrong types, unknown or repeated fields).
 """
 
@@ -36,6 +37,7 @@ from poison_pipeline.storage import schemas
 _NON_CANONICAL = (r'\d[eE]|-0(?:[^.0-9]|$)|\.\d+0(?:[^0-9]|$)|(?:^|[^0-9])0\.0000|\d{8}\.|\.\d{8}|\d{19}'
                   r'|[A-Zb-dg-kmo-qv-z]')
 _CHUNK_ROWS = 1 << 17
+_MAX_BRACKETS = 256
 _TIMESTAMP = (r'^[1-9]\d{3}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])[T ](?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d'
               r'(?:\.\d{1,6})?')
 _ZONE = r'(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)$'
@@ -68,6 +70,11 @@ def plain_envelopes(lines: pa.Array, now: datetime, time_to_live: timedelta | No
     texts = lines.cast(pa.large_string())
     # Without a backslash, a string is written back as it came and every quote opens or closes one.
     plain = ~_true(pc.match_substring_regex(texts, r'\\|"body_base64"'))
+    # pyarrow's JSON reader nests a call per level (a line 100,000 levels deep crashed the process)
+    # and Python's stops near 1,000: a line with many brackets is left to the per-record path.
+    brackets = sum(np.asarray(pc.count_substring(texts, b).to_numpy(zero_copy_only=False), dtype=np.int64)
+                   for b in "[{")
+    plain &= brackets <= _MAX_BRACKETS
     # The first `"body":` is cut out: what precedes it, closed with a body of its own, must read as
     # an object (so the cut was at the top level), and the body, running to the line's last brace,
     # must read as one JSON value (so nothing follows it). A body followed by other members is left
