@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import re
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -14,6 +13,7 @@ from typing import TypeAlias
 
 from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, load_declaration
 from poison_pipeline.domain.durations import parse_time
+from poison_pipeline.domain.paths import UnsafeName, operator_id
 from poison_pipeline.operations.actions import default_actor
 
 PROG = "poison-pipeline"
@@ -100,16 +100,13 @@ def print_json(data: object) -> None:
     print(json.dumps(data, default=_json_value, indent=2, ensure_ascii=False))
 
 
-_ACTION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-
-
 def action_id(text: str) -> str:
-    """An `--id` given to redrive, purge or edit: it names a folder of the lake, so it stays plain."""
-    if not _ACTION_ID.fullmatch(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: an action id is ASCII letters, digits, '.', '_' and '-', starting with a letter or "
-            "digit, at most 200 characters (it names a folder of the lake)")
-    return text
+    """An `--id` given to redrive, purge or edit: it names a folder of the lake, so it stays plain
+    (the operations check it again, by the same rule, for callers from Python)."""
+    try:
+        return operator_id(text) or text
+    except UnsafeName as unsafe:
+        raise argparse.ArgumentTypeError(str(unsafe)) from None
 
 
 def moment(text: str) -> datetime:
