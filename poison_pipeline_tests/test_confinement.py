@@ -30,7 +30,7 @@ from poison_pipeline.defs.naming import job_name
 from poison_pipeline.domain.declaration import DeclarationError, load_declaration, parse_declaration
 from poison_pipeline.domain.paths import UnsafeName
 from poison_pipeline.engine.cycle import run_cycle
-from poison_pipeline.engine.local_servers import alive
+from poison_pipeline.engine.local_servers import alive, process_links
 from poison_pipeline.examples.checks import hook_calls
 from poison_pipeline.handlers import UnsafePath, safe_path
 from poison_pipeline.operations.edit import EditError, edit
@@ -299,15 +299,7 @@ def test_storage_options_appear_nowhere_a_run_writes(tmp_path, capsys, caplog):
 
 def _process_tree(root: int) -> set[int]:
     """`root` and every live process descended from it or in a process group one of them leads."""
-    links: dict[int, tuple[int, int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[0] != "Z":
-                links[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    links = process_links()
     found, grown = {root}, True
     while grown:
         more = {pid for pid, (parent, group) in links.items()

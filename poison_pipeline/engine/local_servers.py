@@ -71,6 +71,21 @@ def alive(pid: int) -> bool:
         return False
 
 
+
+def process_links() -> dict[int, tuple[int, int]]:
+    """(parent, process group) of every live process on this machine (zombies left out), from /proc."""
+    links: dict[int, tuple[int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # Fields after the command's closing parenthesis: state, ppid, pgrp.
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != "Z":
+                links[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return links
+
 class SparkProcess:
     """One started server process and its group; the log holds everything it printed."""
 
@@ -88,21 +103,11 @@ class SparkProcess:
     def processes(self) -> set[int]:
         """Every live process the server started: its group, and the Python workers' daemons,
         which pyspark puts in groups of their own."""
-        parents: dict[int, int] = {}
-        groups: dict[int, int] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    # Fields after the command's closing parenthesis: state, ppid, pgrp.
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                except (OSError, IndexError):
-                    continue
-                if fields[0] != "Z":
-                    parents[int(entry.name)], groups[int(entry.name)] = int(fields[1]), int(fields[2])
-        found = {pid for pid, group in groups.items() if group == self.pid}
+        links = process_links()
+        found = {pid for pid, (_, group) in links.items() if group == self.pid}
         frontier = set(found) | {self.pid}
         while frontier:
-            frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in found}
+            frontier = {pid for pid, (parent, _) in links.items() if parent in frontier and pid not in found}
             found |= frontier
         return found
 
