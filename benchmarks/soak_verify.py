@@ -66,9 +66,14 @@ def deliveries(declaration: Declaration, records: list[dict[str, Any]], runs: li
         spans[span.pid].append(span)
     committed: Counter[str] = Counter()
     uncommitted: Counter[str] = Counter()
+    seen: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         span = _run_of(record, spans)
         (uncommitted if span is not None and not span.committed else committed)[record["id"]] += 1
+        # Each delivery as the verdict saw it: a duplicate is explained (or not) by these.
+        seen[record["id"]].append({"at": record["at"], "pid": record["pid"],
+                                   "run": span.run_id if span else None,
+                                   "run_committed": span.committed if span else None})
     processed: set[str] = set()
     for queue in declaration.queues:
         ledger = QueueTables.of(declaration, queue).open(PROCESSED).to_pyarrow_table(
@@ -80,6 +85,7 @@ def deliveries(declaration: Declaration, records: list[dict[str, Any]], runs: li
         "deliveries": len(records),
         "duplicates_outside_allowance": len(twice),
         "duplicate_examples": twice[:10],
+        "duplicate_deliveries": {mid: seen[mid] for mid in twice[:3]},
         "redelivered_after_failed_runs": sum(1 for mid in uncommitted if mid in committed),
         "deliveries_in_failed_runs": sum(uncommitted.values()),
         "delivered_not_processed": sorted(delivered - processed)[:10],
