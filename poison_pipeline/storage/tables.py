@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -110,14 +110,21 @@ def _whole_due_batches(paths: list[str], dues: list[datetime | None], batches: d
 # operation read"). Both are safe to make again on the newer table: a refused commit wrote nothing,
 # an append with an app id is made once only, and deleting a deleted batch changes nothing.
 _COMMIT_TRIES = 8
+T = TypeVar("T")
 
 
-def _commit_attempts(tries: int = _COMMIT_TRIES) -> Iterator[int]:
-    """Attempt numbers, sleeping a growing, jittered pause before each retry."""
-    for attempt in range(tries):
-        if attempt:
-            time.sleep(min(2.0, 0.02 * 2 ** attempt) * (0.5 + random.random()))
-        yield attempt
+def _again_on_conflict(commit: Callable[[int], T], tries: int = _COMMIT_TRIES) -> T:
+    """`commit(attempt)`, made again after a growing, jittered pause while delta-rs refuses it for a
+    concurrent commit, up to `tries` times."""
+    attempt = 0
+    while True:
+        try:
+            return commit(attempt)
+        except CommitFailedError:
+            attempt += 1
+            if attempt == tries:
+                raise
+        time.sleep(min(2.0, 0.02 * 2 ** attempt) * (0.5 + random.random()))
 
 
 @dataclass(frozen=True)
@@ -216,9 +223,7 @@ class QueueTables:
         `also` are further app transactions recorded by the same commit, `metadata` goes into its
         commit info (the log's history shows it). `snapshot`: the table as the caller just opened it
         (loading a long log again costs milliseconds)."""
-        # A stream is read once by the write: only a table can be written again.
-        tries = 1 if isinstance(data, pa.RecordBatchReader) else _COMMIT_TRIES
-        for attempt in _commit_attempts(tries):
+        def once(attempt: int) -> bool:
             self.check_lease()
             target = snapshot if snapshot is not None and attempt == 0 else self.open(table)
             transactions = list(also)
@@ -230,24 +235,21 @@ class QueueTables:
                 transactions.append(Transaction(app_id, version))
             properties = CommitProperties(app_transactions=transactions, custom_metadata=metadata) \
                 if transactions or metadata else None
-            try:
-                with writing("appending to a table", self.describe(table)):
-                    write_deltalake(
-                        target,
-                        data,
-                        mode="append",
-                        partition_by=schemas.PARTITIONS.get(table),
-                        commit_properties=properties,
-                        writer_properties=_WRITER,
-                        # A table made by an earlier version gains the columns added since (redrive_count).
-                        schema_mode="merge",
-                    )
-            except CommitFailedError:
-                if attempt == tries - 1:
-                    raise
-                continue
+            with writing("appending to a table", self.describe(table)):
+                write_deltalake(
+                    target,
+                    data,
+                    mode="append",
+                    partition_by=schemas.PARTITIONS.get(table),
+                    commit_properties=properties,
+                    writer_properties=_WRITER,
+                    # A table made by an earlier version gains the columns added since (redrive_count).
+                    schema_mode="merge",
+                )
             return True
-        raise AssertionError("unreachable")
+
+        # A stream is read once by the write: only a table can be written again.
+        return _again_on_conflict(once, 1 if isinstance(data, pa.RecordBatchReader) else _COMMIT_TRIES)
 
     def remove_batches(self, table: str, batch_ids: Iterable[str]) -> None:
         """Delete whole batches; deleting an already deleted batch changes nothing."""
@@ -256,15 +258,12 @@ class QueueTables:
             return
         self.check_lease()
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
-        for attempt in _commit_attempts():
-            target = self.open(table)
-            try:
-                with writing("deleting taken batches from a table", self.describe(table)):
-                    target.delete(f"batch_id IN ({quoted})")
-                return
-            except CommitFailedError:
-                if attempt == _COMMIT_TRIES - 1:
-                    raise
+
+        def once(attempt: int) -> None:
+            with writing("deleting taken batches from a table", self.describe(table)):
+                self.open(table).delete(f"batch_id IN ({quoted})")
+
+        _again_on_conflict(once)
 
     def replace_batches(self, table: str, batch_ids: Iterable[str | None], keep: pads.Expression,
                         snapshot: DeltaTable | None = None, add: pa.Table | None = None) -> None:
