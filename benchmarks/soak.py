@@ -206,7 +206,8 @@ class Soak:
         second = server.materialize(run.queue, run.table)
         self.tally.concurrent.append({"while": run.run_id, "queue": run.queue, "table": run.table,
                                       "asset_run": second})
-        self.tally.outside.append((outside, {"queue": run.queue, "table": run.table}))
+        self.tally.outside.append((outside, {"queue": run.queue, "table": run.table, "pid": outside.pid,
+                                             "started": time.time()}))
         self.say(f"concurrent starts of {run.queue}/{run.table} while run {run.run_id[:8]} is in its cycle: "
                  f"asset run {second[:8]} and a script (pid {outside.pid})")
 
@@ -332,6 +333,7 @@ class Soak:
         found = []
         for process, what in self.tally.outside:
             out, err = process.communicate(timeout=600)
+            what = {**what, "ended": time.time()}
             lines = [line for line in out.splitlines() if line.startswith("{")]
             result = json.loads(lines[-1]) if lines else {"outcome": "error"}
             clean = process.returncode in (0, soak_worker.BUSY) and result["outcome"] in ("ran", "busy")
@@ -359,6 +361,10 @@ class Soak:
             if pid is not None and run.start is not None:
                 spans.append(soak_verify.RunSpan(run.run_id, pid, run.start, run.end or time.time(),
                                                  run.status == "SUCCESS" or bool(materialized)))
+        # A script beside Dagster that failed (it lost its lease, say) committed nothing of its
+        # cycle: its deliveries are made again, as a failed run's are.
+        spans += [soak_verify.RunSpan(f"script-{o['pid']}", o["pid"], o["started"], o["ended"],
+                                      o["clean"] and o["outcome"] == "ran") for o in outside]
         statuses = Counter(f"{'cycle' if r.queue else 'other'}:{r.status}" for r in runs)
         asset_runs = {c["asset_run"]: c for c in self.tally.concurrent}
         dagster_tries = []

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 import yaml
+from deltalake import write_deltalake
 
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings, load_declaration
@@ -146,6 +147,49 @@ def test_renewals_keep_a_long_holder_s_lease(tmp_path):
         assert tables(tmp_path).lease_holder().run_id == "long"
     assert from_another_thread(tmp_path) is None
     assert tables(tmp_path).lease_holder() is None
+
+
+@pytest.mark.parametrize("released_by", ["this version", "an older version (no row left)"])
+def test_two_starters_that_see_the_released_lease_at_the_same_moment_never_both_take_it(tmp_path, monkeypatch,
+                                                                                       released_by):
+    # Found by the soak: two scripts waiting for a cycle both took the lease it released, and both
+    # delivered the same messages. Here both read the released lease before either writes.
+    with tables(tmp_path).lease("inbound cycle", run_id="first"):
+        pass
+    if released_by != "this version":
+        write_deltalake(tables(tmp_path).uri(LEASE_TABLE), pa.Table.from_pylist([], schema=schemas.LEASE),
+                        mode="overwrite")
+    both_read = threading.Barrier(2, timeout=10)
+    opened = Lease._open
+
+    def open_together(self: Lease):
+        snapshot = opened(self)
+        if not getattr(self, "_met", False):
+            self._met = True
+            both_read.wait()
+        return snapshot
+
+    monkeypatch.setattr(Lease, "_open", open_together)
+    inside: list[str] = []
+    outcomes: dict[str, object] = {}
+
+    def start(name: str) -> None:
+        try:
+            with tables(tmp_path, LeaseSettings(wait="1s", expiry="30s")).lease("inbound cycle", run_id=name):
+                inside.append(name)
+                time.sleep(2.0)  # longer than the other's wait: it must not get in meanwhile
+                outcomes[name] = "held"
+        except LeaseHeld as error:
+            outcomes[name] = error
+
+    starters = [threading.Thread(target=start, args=(name,)) for name in ("a", "b")]
+    for thread in starters:
+        thread.start()
+    for thread in starters:
+        thread.join()
+    assert len(inside) == 1, f"both starters took the lease: {outcomes}"
+    [loser] = [name for name in ("a", "b") if name not in inside]
+    assert isinstance(outcomes[loser], LeaseHeld) and f"run {inside[0]}" in str(outcomes[loser])
 
 
 # -- cycles, processes and commands ---------------------------------------------------------

@@ -3,7 +3,9 @@
 Taking, renewing and releasing the lease each overwrite that row from the snapshot just read. Two
 overwrites from one snapshot conflict in Delta (the later commit fails: it read data the other
 removed), so taking the lease is an atomic create-if-absent wherever delta-rs commits are atomic:
-a local disk, and every object store delta-rs supports for concurrent writers.
+a local disk, and every object store delta-rs supports for concurrent writers. That holds only when
+the snapshot has a file to remove: two overwrites of an empty table both commit. So the table is
+never left empty: it is created, and released, with a row that names no holder.
 
 A lease not renewed for `expiry` is expired. A waiter sees that on its own clock (the row's
 version has not moved for `expiry` while it watched), so no two hosts' clocks need to agree; a
@@ -102,12 +104,20 @@ class Lease:
         if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
             with writing(f"creating the lease of queue {self.queue!r}", self.uri):
                 try:
-                    write_deltalake(self.uri, pa.Table.from_pylist([], schema=schemas.LEASE), mode="error",
+                    write_deltalake(self.uri, _rows(None), mode="error",
                                     configuration=TABLE_CONFIG, storage_options=self.storage_options)
                 except DeltaError:
                     if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
                         raise  # not a creation race: a real storage problem
-        return DeltaTable(self.uri, storage_options=self.storage_options)
+        table = DeltaTable(self.uri, storage_options=self.storage_options)
+        if not table.file_uris():
+            # Released by an older version (no row at all): give the next overwrite a file to
+            # remove, or two starters could both take the lease. Two of these writes may both
+            # land; they add rows that name no holder, which is harmless.
+            with writing(f"writing the lease of queue {self.queue!r}", self.uri):
+                write_deltalake(table, _rows(None), mode="append")
+            table = DeltaTable(self.uri, storage_options=self.storage_options)
+        return table
 
     @staticmethod
     def _holder(table: DeltaTable) -> Holder | None:
@@ -122,10 +132,9 @@ class Lease:
 
     def _write(self, snapshot: DeltaTable, row: dict[str, object] | None) -> bool:
         """Overwrite the row from `snapshot`; False when another commit came first."""
-        data = pa.Table.from_pylist([row] if row else [], schema=schemas.LEASE)
         try:
             with writing(f"writing the lease of queue {self.queue!r}", self.uri):
-                write_deltalake(snapshot, data, mode="overwrite")
+                write_deltalake(snapshot, _rows(row), mode="overwrite")
         except CommitFailedError:
             return False
         return True
@@ -213,6 +222,11 @@ class Lease:
             holder = self._holder(table)
             if holder is None or holder.holder_id != self.holder_id or self._write(table, None):
                 return
+
+
+def _rows(row: dict[str, object] | None) -> pa.Table:
+    """The lease table's one row: `row`, or a row that names no holder (released)."""
+    return pa.Table.from_pylist([row or {"holder_id": None}], schema=schemas.LEASE)
 
 
 def _log_wait(holder: Holder) -> None:
