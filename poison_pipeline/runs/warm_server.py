@@ -64,11 +64,14 @@ def _run(launcher: Connection, execute_run_args: str) -> None:
     from dagster._cli.api import execute_run_command
 
     from poison_pipeline.cli import shut_down
+    from poison_pipeline.engine import local
 
     launcher.close()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the run waits for its own children
     signal.signal(signal.SIGINT, signal.default_int_handler)
     random.seed()  # not the sequence of every other run forked from here
+    # Still single-threaded: the run's server of small-cycle workers is forked now, warm as well.
+    local.warm(by_fork=True)
     code = 0
     try:
         execute_run_command.main(args=[execute_run_args], prog_name="dagster api execute_run",
