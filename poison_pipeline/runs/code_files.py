@@ -22,11 +22,12 @@ def _module_files() -> list[str]:
     # The standard library changes only with the interpreter, which a warm process cannot outlive
     # the meaning of anyway; every other module (the code location, its handlers, installed
     # libraries) can change under a long-lived `dagster dev`.
-    stdlib = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
+    base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})
+    stdlib = tuple({base["stdlib"] + os.sep, base["platstdlib"] + os.sep})
     files = []
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if isinstance(path, str) and not path.startswith(stdlib):
+        if isinstance(path, str) and (not path.startswith(stdlib) or "site-packages" in path):
             files.append(path)
     return files
 
