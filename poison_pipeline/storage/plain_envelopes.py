@@ -98,7 +98,7 @@ def plain_lines(data: pa.Buffer, offsets: np.ndarray, now: datetime, time_to_liv
     plain = (ends > starts) & (raw[np.minimum(ends, len(raw) - 1)] == 0x0A)
     region = raw[offsets[0]:offsets[-1]]
     # Bytes outside printable ASCII and backslashes (escapes): such a line goes per record.
-    odd = np.flatnonzero((region < 0x21) | (region > 0x7E) | (region == 0x5C)) + offsets[0]
+    odd = np.flatnonzero((region < 0x20) | (region > 0x7E) | (region == 0x5C)) + offsets[0]
     line = np.searchsorted(offsets, odd, side="right") - 1
     kinds = raw[odd]
     plain[line[~np.isin(kinds, _BLANKS) & ((kinds != 0x0A) | (odd != ends[line]))]] = False
