@@ -195,22 +195,25 @@ class _Bodies:
                  text_body: np.ndarray) -> None:
         n = len(starts)
         self.json_rows, self.text_rows = np.flatnonzero(json_body), np.flatnonzero(text_body)
+        self.compact, masked = _compact(_cut(data, starts[self.json_rows], ends[self.json_rows]))
+        self.text = _cut(data, starts[self.text_rows] + 1, ends[self.text_rows] - 1)
         self.canonical = np.ones(n, dtype=bool)
-        self.size = np.zeros(n, dtype=np.int64)
-        # Line i's body: row where[i] of the bodies (JSON ones, then text ones, then one empty one).
-        self.where = np.full(n, len(self.json_rows) + len(self.text_rows), dtype=np.int64)
-        self.where[self.json_rows] = np.arange(len(self.json_rows))
-        self.where[self.text_rows] = len(self.json_rows) + np.arange(len(self.text_rows))
-        spans = _cut(data, starts[self.json_rows], ends[self.json_rows])
-        compact, masked = _compact(spans)
         # A body with any string overwritten by quotes: what its numbers and literals are spelled with.
         self.canonical[self.json_rows] = ~_true(pc.match_substring_regex(masked, _NON_CANONICAL))
-        text = _cut(data, starts[self.text_rows] + 1, ends[self.text_rows] - 1)
-        self.bodies = pa.concat_arrays([compact, text, pa.array([b""], pa.large_binary())])
-        self.size = _numpy(pc.binary_length(self.bodies))[self.where]
+        self.size = np.zeros(n, dtype=np.int64)
+        self.size[self.json_rows] = np.diff(_offsets(self.compact))
+        self.size[self.text_rows] = np.diff(_offsets(self.text))
 
     def of(self, rows: np.ndarray) -> pa.Array:
-        return pc.take(self.bodies, pa.array(self.where[rows]))
+        """The bodies of `rows` (in line order), without a copy when they are the JSON bodies."""
+        if np.array_equal(rows, self.json_rows):
+            return self.compact
+        # Line i's body: row where[i] of the JSON bodies, then the text ones, then one empty one.
+        where = np.full(len(self.size), len(self.json_rows) + len(self.text_rows), dtype=np.int64)
+        where[self.json_rows] = np.arange(len(self.json_rows))
+        where[self.text_rows] = len(self.json_rows) + np.arange(len(self.text_rows))
+        bodies = pa.concat_arrays([self.compact, self.text, pa.array([b""], pa.large_binary())])
+        return pc.take(bodies, pa.array(where[rows]))
 
 
 def _compact(bodies: pa.Array) -> tuple[pa.Array, pa.Array]:
