@@ -22,9 +22,10 @@ import pyarrow.compute as pc
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import Envelope, EnvelopeError, parse_envelope, shown
 from poison_pipeline.domain.policy import Policy
+from poison_pipeline.domain.routing import INBOUND
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import StorageFailure
-from poison_pipeline.storage.intake import append_enqueued, enqueued_batch_landed, ensure_intake, settle_intake
+from poison_pipeline.storage.intake import append_enqueued, enqueued_batch_landed, opened_intake, settle_intake
 from poison_pipeline.storage.plain_envelopes import joined, plain_lines
 from poison_pipeline.storage.tables import QueueTables
 
@@ -188,12 +189,15 @@ def land(declaration: Declaration, queue: str, parsed: Parsed, others: list[tupl
     accepted = table.filter(pa.array(keep))
     if accepted.num_rows:
         tables = QueueTables.of(declaration, queue)
-        tables.ensure()
-        ensure_intake(tables, now)
+        # Only the two tables an enqueue writes are opened; the others are the cycle's to create
+        # (it ensures them all), unless inbound itself is missing: then every table is created here.
+        inbound = tables.open_created(INBOUND)
+        intake = opened_intake(tables, now)
         settle_intake(tables)
         result.batch_id = f"enq-{uuid.uuid4().hex}"
         try:
-            append_enqueued(tables, waiting_rows(accepted, result.batch_id, now), result.batch_id, now)
+            append_enqueued(tables, waiting_rows(accepted, result.batch_id, now), result.batch_id, now,
+                            inbound, intake)
         except StorageFailure as failure:
             raise failure.meaning(_after_failure(tables, result.batch_id, accepted.num_rows)) from failure.__cause__
         result.accepted = accepted.num_rows
