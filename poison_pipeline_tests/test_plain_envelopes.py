@@ -122,7 +122,10 @@ def test_every_line_the_vectorised_path_reads_is_read_the_same_by_parse_envelope
         assert g == w, texts[i]
 
 
-def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration) -> None:
+def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration, monkeypatch) -> None:
+    # Slices of 500 lines: the file is read by several threads, each from a line boundary.
+    monkeypatch.setattr("poison_pipeline.storage.enqueue._SLICE_ROWS", 500)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
     texts = _lines(3000, seed=11)
     data = ("\n".join(texts[:1500]) + "\n\n  \n" + "\n".join(texts[1500:])).encode("utf-8", "surrogatepass")
     spec = queue(time_to_live="1h", max_body_bytes=300)["q"]
