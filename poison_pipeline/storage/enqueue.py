@@ -244,9 +244,10 @@ def _decode(record: Any) -> Any:
 
 def _first_of_each(ids: pa.ChunkedArray) -> np.ndarray:
     """Which rows (in line order) are the first of their id; the others are repeats."""
-    codes = np.asarray(pc.dictionary_encode(ids.combine_chunks()).indices.to_numpy(zero_copy_only=False),
-                       dtype=np.int64)
-    keep = np.zeros(len(codes), dtype=bool)
-    _, first = np.unique(codes, return_index=True)
-    keep[first] = True
-    return keep
+    encoded = pc.dictionary_encode(ids.combine_chunks())
+    if len(encoded.dictionary) == len(encoded):
+        return np.ones(len(encoded), dtype=bool)
+    # Codes are given in order of first appearance: a row is first when its code is a new highest.
+    codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    before = np.concatenate(([-1], np.maximum.accumulate(codes)[:-1]))
+    return codes > before
