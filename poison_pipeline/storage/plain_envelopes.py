@@ -61,7 +61,7 @@ _HEAD = pa.schema([
 assert set(_HEAD.names) | {"body", "body_base64"} == FIELDS
 _READ = set(_HEAD.names) | {"body"}
 _BODY_KEY = b'"body":'
-_QUOTE, _COLON, _OPEN, _CLOSE, _OPEN_LIST, _CLOSE_LIST = (ord(c) for c in '":{}[]')
+_QUOTE, _OPEN, _CLOSE, _OPEN_LIST, _CLOSE_LIST = (ord(c) for c in '"{}[]')
 _BLANKS = (0x20, 0x09, 0x0D)  # the only bytes below 0x21 a plain line holds (the newline ending it aside)
 # The body's first byte sorts the lines into reads of their own: pyarrow refuses a column that is a
 # string in one line and an object in another.
@@ -98,13 +98,16 @@ def plain_lines(data: pa.Buffer, offsets: np.ndarray, now: datetime, time_to_liv
     plain = (ends > starts) & (raw[np.minimum(ends, len(raw) - 1)] == 0x0A)
     region = raw[offsets[0]:offsets[-1]]
     # Bytes outside printable ASCII and backslashes (escapes): such a line goes per record.
-    odd = np.flatnonzero((region < 0x20) | (region > 0x7E) | (region == 0x5C)) + offsets[0]
+    # Below 0x20 or above 0x7E in one comparison: shifted down by 0x20, the former wrap round.
+    outside = (region - np.uint8(0x20)) > 0x5E
+    outside |= region == 0x5C
+    odd = np.flatnonzero(outside) + offsets[0]
     line = np.searchsorted(offsets, odd, side="right") - 1
     kinds = raw[odd]
     plain[line[~np.isin(kinds, _BLANKS) & ((kinds != 0x0A) | (odd != ends[line]))]] = False
     # pyarrow's JSON reader nests a call per level (a line 100,000 levels deep crashed the process)
     # and Python's stops near 1,000: a line with many brackets is left to the per-record path.
-    brackets = np.flatnonzero((region == _OPEN) | (region == _OPEN_LIST)) + offsets[0]
+    brackets = np.flatnonzero((region | 0x20) == _OPEN) + offsets[0]  # "[" is "{" without bit 0x20
     plain &= np.diff(np.searchsorted(brackets, offsets)) <= _MAX_BRACKETS
 
     first = _skip(raw, starts, ends, +1)
