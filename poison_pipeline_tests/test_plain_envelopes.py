@@ -13,7 +13,7 @@ import pyarrow as pa
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.operations.enqueue import _screen, enqueue_data
 from poison_pipeline.storage.enqueue import Parsed, envelope_table, land
-from poison_pipeline.storage.plain_envelopes import plain_envelopes
+from poison_pipeline.storage.plain_envelopes import joined, plain_lines
 from poison_pipeline_tests.support import queue, rows
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -107,7 +107,7 @@ def _lines(count: int, seed: int) -> list[str]:
 def test_every_line_the_vectorised_path_reads_is_read_the_same_by_parse_envelope() -> None:
     texts = _lines(6000, seed=7)
     array = pa.array(texts, pa.large_string())
-    mask, envelopes = plain_envelopes(array, NOW, TTL, 300)
+    mask, envelopes = plain_lines(*joined(array), NOW, TTL, 300)
     read = [i for i, ok in enumerate(mask) if ok]
     assert len(read) > 400, "the generated lines should exercise the vectorised path"
     assert len(read) < len(texts) - 1000, "and leave many lines to the per-record path"

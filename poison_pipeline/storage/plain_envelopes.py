@@ -68,13 +68,6 @@ _BLANKS = (0x20, 0x09, 0x0D)  # the only bytes below 0x21 a plain line holds (th
 _OBJECT, _LIST, _TEXT = 1, 2, 3
 
 
-def plain_envelopes(lines: pa.Array, now: datetime, time_to_live: timedelta | None,
-                    max_body_bytes: int) -> tuple[np.ndarray, pa.Table]:
-    """Which of `lines` (one JSON text each, string or binary, no newline) are plainly valid, and
-    their envelopes: `plain_lines` over the lines joined."""
-    return plain_lines(*joined(lines), now, time_to_live, max_body_bytes)
-
-
 def joined(lines: pa.Array) -> tuple[pa.Buffer, np.ndarray]:
     """Texts (no newline in them) as lines end to end, each with its newline: their data and offsets."""
     newline, nothing = pa.scalar(b"\n", pa.large_binary()), pa.scalar(b"", pa.large_binary())
