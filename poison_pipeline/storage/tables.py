@@ -193,6 +193,15 @@ class QueueTables:
                 if not DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options):
                     raise
 
+    def open_created(self, table: str) -> DeltaTable:
+        """Open `table`; when it is missing (a first use, or tables deleted), create every table of
+        the queue first. Unlike `ensure`, this costs nothing more than the open once they exist."""
+        try:
+            return self.open(table)
+        except FileNotFoundError:
+            self.ensure()
+            return self.open(table)
+
     def describe(self, table: str) -> str:
         """How an error names a table: `table processed of queue 'orders' at /lake/orders/processed`."""
         return f"table {table} of queue {self.queue!r} at {self.uri(table)}"
