@@ -113,8 +113,7 @@ def _on_main_thread(handler: Callable[[Any], Any], message: Any, seconds: float)
         signal.signal(signal.SIGALRM, previous)
 
 
-# Not frozen: one is built per delivered message, and a frozen init costs three times as much.
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Delivery:
     outcome: Outcome
     attempts: list[AttemptRecord]
