@@ -41,7 +41,9 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import parse_texts, waiting_rows
+from poison_pipeline.storage.files import note_column
 from poison_pipeline.storage.intake import _BATCH_KEY, ENQUEUE, ensure_intake
+from poison_pipeline.storage.message_ids import ids_cache
 from poison_pipeline.storage.tables import _WRITER, INTAKE, QueueTables
 
 _PART = "_seed_file"
@@ -89,12 +91,12 @@ def _scratch_adds(scratch: str) -> dict[str, dict[str, Any]]:
 
 
 def seed_appends(uri: str, appends: Sequence[pa.Table], metadata: Sequence[dict[str, str] | None],
-                 scratch_root: str) -> list[int]:
+                 scratch_root: str) -> list[str]:
     """Commit each of `appends` to the existing local table at `uri` as one append of one file, as
-    `write_deltalake(mode="append")` with the product's writer properties would; returns the new
-    versions. Nobody else may write the table meanwhile."""
+    `write_deltalake(mode="append")` with the product's writer properties would; returns the files'
+    names. Nobody else may write the table meanwhile."""
     start = DeltaTable(uri).version()
-    versions: list[int] = []
+    names: list[str] = []
     checkpoints = set(checkpoint_versions(start + 1, start + len(appends)))
     for first in range(0, len(appends), _CHUNK):
         chunk = appends[first:first + _CHUNK]
@@ -115,9 +117,9 @@ def seed_appends(uri: str, appends: Sequence[pa.Table], metadata: Sequence[dict[
                 handle.write(json.dumps({"add": entry}) + "\n")
             if version in checkpoints:
                 DeltaTable(uri, version=version).create_checkpoint()
-            versions.append(version)
+            names.append(name)
         shutil.rmtree(scratch)
-    return versions
+    return names
 
 
 def _actions(uri: str, version: int) -> list[dict[str, Any]]:
@@ -177,8 +179,8 @@ def compare_logs(real: str, seeded: str, versions: Sequence[int]) -> list[str]:
 
 def seed_enqueues(declaration: Declaration, queue: str, batches: Sequence[Sequence[str]], scratch_root: str) -> int:
     """What `enqueue(declaration, queue, texts)` for each of `batches` (JSON texts, all valid) leaves:
-    its rows in inbound (one commit each, named by its batch id) and its intake row (one commit
-    each). Returns the messages seeded."""
+    its rows in inbound (one commit each, named by its batch id), the note of their ids for the
+    one_place check, and its intake row (one commit each). Returns the messages seeded."""
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
     ensure_intake(tables)
@@ -196,6 +198,8 @@ def seed_enqueues(declaration: Declaration, queue: str, batches: Sequence[Sequen
         intake.append(pa.Table.from_pylist([{"batch_id": batch, "source": ENQUEUE, "messages": len(texts), "at": now}],
                                            schema=schemas.INTAKE))
         names.append({_BATCH_KEY: batch})
-    seed_appends(tables.uri(INBOUND), inbound, names, scratch_root)
+    files = seed_appends(tables.uri(INBOUND), inbound, names, scratch_root)
+    for name, rows in zip(files, inbound, strict=True):
+        note_column(ids_cache(tables, INBOUND), name, rows["message_id"].to_pylist())
     seed_appends(tables.uri(INTAKE), intake, [None] * len(intake), scratch_root)
     return sum(t.num_rows for t in inbound)
