@@ -40,8 +40,8 @@ from deltalake import DeltaTable, write_deltalake
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.column_cache import note_column
 from poison_pipeline.storage.enqueue import parse_texts, waiting_rows
-from poison_pipeline.storage.files import note_column
 from poison_pipeline.storage.intake import _BATCH_KEY, ENQUEUE, ensure_intake
 from poison_pipeline.storage.message_ids import ids_cache
 from poison_pipeline.storage.tables import _WRITER, INTAKE, QueueTables

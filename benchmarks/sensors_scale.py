@@ -56,6 +56,7 @@ from poison_pipeline.storage.tables import EVENTS, INTAKE, QueueTables  # noqa: 
 TARGET_MS = 1000.0
 SEEDED = "seeded.json"
 STATE = "evaluations.json"
+ENQUEUE_NOTES = "enqueue_notes"
 PER_ENQUEUE = 100
 
 
@@ -219,11 +220,16 @@ def run(workdir: str, messages: int, files: int, failed: int, events: int, round
         seeded["reference_s"] = round(time.perf_counter() - started, 1)
         with open(marker, "w") as handle:
             json.dump(seeded, handle)
-    # The first evaluation ever: no cursor, no check cache (the enqueues' notes stay: they are
-    # what 10,000 real enqueues leave; `--no-notes` measures a lake whose enqueues left none).
-    for name in os.listdir(tables.work_uri("checks")) if os.path.isdir(tables.work_uri("checks")) else []:
-        if no_notes or not name.endswith(".notes"):
-            os.remove(os.path.join(tables.work_uri("checks"), name))
+    # The first evaluation ever: no cursor, no check cache, and the notes the enqueues left of their
+    # ids (kept aside at seeding: a round takes them into the cache), as 10,000 real enqueues leave
+    # them; `--no-notes` measures a lake whose enqueues left none (an older version's).
+    notes, kept = ids_cache(tables, INBOUND) + ".notes", os.path.join(workdir, ENQUEUE_NOTES)
+    if not os.path.exists(kept) and os.path.exists(notes):
+        shutil.copyfile(notes, kept)
+    shutil.rmtree(tables.work_uri("checks"), ignore_errors=True)
+    if not no_notes and os.path.exists(kept):
+        os.makedirs(tables.work_uri("checks"))
+        shutil.copyfile(kept, notes)
     with open(os.path.join(workdir, STATE), "w") as handle:
         json.dump({"cursors": {}, "rows": {}, "requested": {}, "rounds": []}, handle)
     shape = {INBOUND: _log_shape(tables, INBOUND), INTAKE: _log_shape(tables, INTAKE)}

@@ -144,7 +144,7 @@ def test_a_check_takes_the_ids_an_enqueue_noted_and_stays_exact_without_them(mak
     assert len(_inbound_files(tables)) == 1
     assert sorted(message_ids(tables, "inbound").to_pylist()) == expected
     send(declaration, {"m0-1": {}, "late": {}})
-    os.remove(ids_cache(tables, "inbound"))  # no cache: the notes of the last enqueue and a read
+    shutil.rmtree(ids_cache(tables, "inbound"))  # no cache: the notes of the last enqueue and a read
     outcome = check_one_place(tables)
     assert outcome.passed  # one table may hold an id twice (a duplicate-to-be)
     assert sorted(message_ids(tables, "inbound").to_pylist()) == sorted([*expected, "late", "m0-1"])

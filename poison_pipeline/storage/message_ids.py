@@ -11,20 +11,21 @@ import os
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from poison_pipeline.storage.files import cached_column, local_root, note_column
+from poison_pipeline.storage.column_cache import cached_column, note_column
+from poison_pipeline.storage.files import local_root
 from poison_pipeline.storage.tables import QueueTables
 
 IDS = pa.schema([pa.field("message_id", pa.string())])
 
 
 def ids_cache(tables: QueueTables, table: str) -> str:
-    return tables.work_uri("checks", f"{table}.message_ids.parquet")
+    return tables.work_uri("checks", f"{table}.message_ids")
 
 
 def message_ids(tables: QueueTables, table: str) -> pa.ChunkedArray:
     """The message ids of a table (repeats kept): one column of the files the log lists, read with
     pyarrow on its threads; a file already read by an earlier check, or noted by the enqueue that
-    wrote it, is taken from the check's cache beside the tables instead (storage/files.cached_column),
+    wrote it, is taken from the check's cache beside the tables instead (storage/column_cache),
     so a check reads only the files nobody noted since its last run."""
     try:
         target = tables.open(table)
