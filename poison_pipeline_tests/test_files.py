@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -150,3 +151,37 @@ def test_a_check_takes_the_ids_an_enqueue_noted_and_stays_exact_without_them(mak
     assert sorted(message_ids(tables, "inbound").to_pylist()) == sorted([*expected, "late", "m0-1"])
     shutil.rmtree(tables.work_uri("checks"))  # an older lake: neither notes nor cache
     assert sorted(message_ids(tables, "inbound").to_pylist()) == sorted([*expected, "late", "m0-1"])
+
+
+def test_one_place_is_exact_whatever_its_cache_holds(make_declaration):
+    """The check's cache of ids never decides the outcome: files it holds that the log dropped no
+    longer count, a segment held twice (two checks racing) counts once, a torn segment is ignored,
+    and many segments rewritten as one keep every id: a message in two tables always fails it."""
+    declaration = make_declaration(queue())
+    tables = QueueTables.of(declaration, "q")
+    for part in range(3):
+        send(declaration, {f"m{part}-{i}": {} for i in range(3)})
+    assert check_one_place(tables).passed
+    waiting = tables.open("inbound").to_pyarrow_table()
+    batch = waiting.filter(pc.equal(waiting["message_id"], "m0-0"))["batch_id"][0].as_py()
+    tables.append("retry_1", waiting.filter(pc.equal(waiting["batch_id"], batch)))
+    outcome = check_one_place(tables)
+    assert not outcome.passed and outcome.metadata["in_two_places"] == 3
+    tables.remove_batches("inbound", [batch])  # the cached file leaves the log
+    assert check_one_place(tables).passed
+    rest = sorted(f"m{p}-{i}" for p in (1, 2) for i in range(3))
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == rest
+    cache = ids_cache(tables, "inbound")
+    segment = next(n for n in os.listdir(cache) if n.startswith("seg-"))
+    shutil.copyfile(os.path.join(cache, segment), os.path.join(cache, "seg-copy.parquet"))
+    with open(os.path.join(cache, "seg-torn.parquet"), "wb") as handle:
+        handle.write(b"PAR1 torn")
+    send(declaration, {"m0-1": {}})  # enqueued again while its first copy waits in retry_1
+    outcome = check_one_place(tables)
+    assert not outcome.passed and outcome.metadata["sample"] == ["m0-1: inbound, retry_1"]
+    assert outcome.metadata["ids_checked"] == len(rest) + 1 + 3
+    for i in range(20):  # a segment per check, rewritten as one when they grow many
+        send(declaration, {f"n{i}": {}})
+        assert not check_one_place(tables).passed
+    assert len(os.listdir(cache)) < 16
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == sorted([*rest, "m0-1", *(f"n{i}" for i in range(20))])
