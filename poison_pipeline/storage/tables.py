@@ -313,7 +313,7 @@ class QueueTables:
             fragments = {f.path: f for f in target.to_pyarrow_dataset().get_fragments()}
             paths = actions["path"].to_pylist()
             for index in mixed:
-                ids = pc.unique(fragments[paths[index]].to_table(columns=["batch_id"])["batch_id"]).combine_chunks()
+                ids = pc.unique(fragments[paths[index]].to_table(columns=["batch_id"])["batch_id"])
                 files.append(np.full(len(ids), index))
                 batches.append(ids)
         return np.concatenate(files), pa.concat_arrays(batches)
