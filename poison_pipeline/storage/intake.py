@@ -24,6 +24,7 @@ from deltalake import DeltaTable
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, PROCESSED, QUARANTINE
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import list_files, read_json, remove_file, write_json
+from poison_pipeline.storage.message_ids import note_appended_ids
 from poison_pipeline.storage.tables import INTAKE, PURGED, QueueTables
 
 ENQUEUE = "enqueue"
@@ -128,6 +129,7 @@ def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: dat
     _in_flight.add(batch_id)
     try:
         tables.append(INBOUND, rows, metadata={_BATCH_KEY: batch_id}, snapshot=inbound)
+        note_appended_ids(tables, INBOUND, inbound, note["after"], _BATCH_KEY, batch_id, rows["message_id"])
         record_intake(tables, ENQUEUE, batch_id, rows.num_rows, now, snapshot=intake)
     finally:
         _in_flight.discard(batch_id)
