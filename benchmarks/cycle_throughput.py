@@ -48,7 +48,6 @@ import bench_handler  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.pandas.types import from_arrow_schema  # noqa: E402
-from pyspark.sql.readwriter import DataFrameWriter  # noqa: E402
 
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration  # noqa: E402
 from poison_pipeline.engine import commit as commit_module  # noqa: E402
@@ -255,7 +254,7 @@ def phase_clock(extra: Iterable[tuple[Any, str, str]] = ()) -> Iterator[dict[str
     # (the ledger files with a hash hit, the ended conversations).
     wrap(cycle_module, "mark_duplicates", lambda *a, **k: "dedup: Spark marks (eager part)")
     wrap(cycle_module, "mark_ended", lambda *a, **k: "ended conversations: Spark marks (eager part)")
-    wrap(DataFrameWriter, "parquet",
+    wrap(cycle_module, "stage_on_spark",
          lambda *a, **k: "deliver+stage: spark job (read, Processor, write staging)")
     wrap(cycle_module, "apply_staged", lambda *a, **k: "commit: apply_staged total")
     wrap(commit_module, "_attempt_rows", lambda *a, **k: "commit: build attempt rows (arrow)")

@@ -7,7 +7,9 @@ Data (not timed): `--messages` envelopes written as a JSON Lines file the way a 
   validation at all;
 - `python`: `storage.enqueue.enqueue(declaration, queue, path.read_text().splitlines())`;
 - `cli`: `poison-pipeline enqueue FILE --queue Q` in a subprocess (its interpreter start included).
-Prints one JSON line: msg/s of each, their ratios to the floor, the 200,000 msg/s target.
+Prints one JSON line: msg/s of each, their ratios to the floor, the 200,000 msg/s target, and the
+CPU seconds of each (all threads; the CLI's from its process): on a shared machine the wall
+clock says little, the CPU seconds say what the work costs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -53,31 +56,36 @@ def _config(folder: Path, name: str) -> Path:
     return config
 
 
-def _floor(source: Path, target: Path) -> float:
-    started = time.perf_counter()
+def _floor(source: Path, target: Path) -> tuple[float, float]:
+    started, cpu = time.perf_counter(), time.process_time()
     table = pj.read_json(source)
     write_deltalake(str(target), table, mode="append", writer_properties=WriterProperties(max_row_group_size=65_536))
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
-def _python(source: Path, folder: Path, messages: int) -> float:
+def _python(source: Path, folder: Path, messages: int) -> tuple[float, float]:
     declaration = parse_declaration(json.loads(_config(folder, "python").read_text()))
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     result = enqueue(declaration, QUEUE, source.read_text().splitlines())
-    elapsed = time.perf_counter() - started
+    elapsed, spent = time.perf_counter() - started, time.process_time() - cpu
     assert result.accepted == messages and not result.refused, (result.accepted, result.refused[:3])
-    return elapsed
+    return elapsed, spent
 
 
-def _cli(source: Path, folder: Path, messages: int) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cli(source: Path, folder: Path, messages: int) -> tuple[float, float]:
     config = _config(folder, "cli")
     command = [sys.executable, "-m", "poison_pipeline.cli", "--config", str(config), "enqueue", str(source),
                "--queue", QUEUE]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _children_cpu()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - started
+    elapsed, spent = time.perf_counter() - started, _children_cpu() - cpu
     assert done.returncode == 0 and f"enqueued {messages} of {messages}" in done.stdout, done.stderr[-2000:]
-    return elapsed
+    return elapsed, spent
 
 
 def measure(messages: int) -> Any:
@@ -86,9 +94,8 @@ def measure(messages: int) -> Any:
         folder = Path(workdir)
         source = folder / "envelopes.jsonl"
         write_envelopes(source, messages)
-        floor = _floor(source, folder / "floor")
-        python = _python(source, folder, messages)
-        cli = _cli(source, folder, messages)
+        (floor, floor_cpu), (python, python_cpu) = _floor(source, folder / "floor"), _python(source, folder, messages)
+        cli, cli_cpu = _cli(source, folder, messages)
         rates = {name: round(messages / seconds) for name, seconds in
                  (("floor", floor), ("python", python), ("cli", cli))}
         return {
@@ -98,6 +105,7 @@ def measure(messages: int) -> Any:
             "seconds": {"floor": round(floor, 3), "python": round(python, 3), "cli": round(cli, 3)},
             "msg_per_s": rates,
             "ratio_to_floor": {"python": round(python / floor, 2), "cli": round(cli / floor, 2)},
+            "cpu_seconds": {"floor": round(floor_cpu, 2), "python": round(python_cpu, 2), "cli": round(cli_cpu, 2)},
             "target_msg_per_s": TARGET,
             "within_target": rates["python"] >= TARGET and rates["cli"] >= TARGET,
             "cpus": os.cpu_count(),

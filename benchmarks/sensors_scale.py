@@ -1,17 +1,25 @@
 """What every sensor and asset check of a queue costs with 1,000,000 messages waiting in 10,000 files
 and 10,000 commits in the inbound log, without Spark: the target is at most 1 s for each.
 
-Data (not timed, kept with `--workdir`): `--messages` enqueued through the product's own `enqueue`
-in `--files` enqueues (one Delta file and one commit each, and one intake commit each, as a queue
-fills between maintenance runs: no compaction or checkpoint other than what every commit does),
-`--failed` rows in each of retry_1, poison, dead_letter and the processed ledger, and `--events`
-messages_failed events, one commit each, as failing cycles leave them.
+Data (not timed, kept with `--workdir`): `--messages` in `--files` enqueues, as 10,000 real `enqueue`
+calls leave them (one inbound and one intake commit each, the checkpoints delta-rs writes every 100
+commits), seeded by `lake_seed.seed_enqueues` in minutes instead of hours; then `--failed` rows in
+each of retry_1, poison, dead_letter and the processed ledger (real appends, with their intake rows)
+and `--events` messages_failed events, one commit each (seeded likewise). Before measuring, a
+reference lake is made by real calls (`--reference` enqueues and event appends) and the seeded
+tables are compared with it: the same kinds of log actions and keys, statistics columns, schemas,
+parquet layout and checkpoint versions (`seed_differences` in the line; any difference fails).
 
-Timed, `--rounds` rounds: each round first enqueues 10 messages (a new commit, so a sensor has
-something new to decide on), then evaluates every sensor of the queue's Dagster definitions through
-`build_sensor_context` with a real (temporary, SQLite) instance and the cursor of its previous
-evaluation (none in the first round), and every asset check function as the Dagster step calls it.
-Prints one JSON line: median and max milliseconds of each, and the worst median against the target.
+Timed: every sensor of the queue's Definitions (through `build_sensor_context`, a real SQLite
+instance, the cursor of its previous evaluation) and every asset check function as the Dagster step
+calls it (the growth checks with the rows of their previous evaluation), each evaluation round in a
+fresh Python process, as a Dagster run's step is (a sensor runs in the long-lived code server, so a
+fresh process is the harder case for it):
+
+- `first`: no cursor, no check cache (`_work/checks` removed): the first evaluation ever;
+- `steady`: `--rounds` rounds, each after `--new` more real enqueues of 100 messages.
+
+Prints one JSON line: milliseconds (wall and CPU) of each, and the worst of each against 1 s.
 """
 
 from __future__ import annotations
@@ -19,11 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,38 +40,31 @@ sys.path.insert(0, os.path.dirname(__file__))
 import pyarrow as pa  # noqa: E402
 from checks_cost import QUEUE, bench_declaration, fill_failed  # noqa: E402
 from cycle_throughput import emit  # noqa: E402
-from dagster import DagsterInstance, SensorDefinition, SensorResult, build_sensor_context  # noqa: E402
-from deltalake import write_deltalake  # noqa: E402
+from lake_seed import compare_logs, seed_appends, seed_enqueues  # noqa: E402
 
-from poison_pipeline.defs.build import build_definitions  # noqa: E402
 from poison_pipeline.domain.alerts import MESSAGES_FAILED  # noqa: E402
 from poison_pipeline.domain.declaration import Declaration  # noqa: E402
-from poison_pipeline.domain.envelope import parse_envelope  # noqa: E402
 from poison_pipeline.domain.routing import INBOUND, PROCESSED  # noqa: E402
 from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes  # noqa: E402
-from poison_pipeline.operations.checks import (  # noqa: E402
-    DEAD_LETTER_GROWTH,
-    POISON_GROWTH,
-    check_conservation,
-    check_growth,
-    check_oldest_waiting,
-    check_one_place,
-)
 from poison_pipeline.storage import schemas  # noqa: E402
 from poison_pipeline.storage.control import event_row  # noqa: E402
-from poison_pipeline.storage.enqueue import enqueue, message_rows  # noqa: E402
-from poison_pipeline.storage.intake import ENQUEUE, ensure_intake, record_intake  # noqa: E402
+from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+from poison_pipeline.storage.intake import record_intake  # noqa: E402
+from poison_pipeline.storage.message_ids import ids_cache  # noqa: E402
 from poison_pipeline.storage.tables import EVENTS, INTAKE, QueueTables  # noqa: E402
 
 TARGET_MS = 1000.0
 SEEDED = "seeded.json"
+STATE = "evaluations.json"
+ENQUEUE_NOTES = "enqueue_notes"
+PER_ENQUEUE = 100
 
 
-def _records(count: int) -> list[dict[str, Any]]:
+def _texts(count: int) -> list[str]:
     # Random ids, as many producers make them: a file's id range then spans the whole key space, so
     # no file can be skipped by its statistics (time-ordered ids would flatter one_place). About 200
     # bytes of JSON body each, as the issue's workload.
-    return [{"message_id": uuid.uuid4().hex, "message_type": "order", "body": {"n": i, "pad": "x" * 150}}
+    return [json.dumps({"message_id": uuid.uuid4().hex, "message_type": "order", "body": {"n": i, "pad": "x" * 150}})
             for i in range(count)]
 
 
@@ -79,36 +81,16 @@ def _fill_processed(tables: QueueTables, rows: int) -> None:
         record_intake(tables, "benchmark", batch, data.num_rows, now)
 
 
-def _fill_events(tables: QueueTables, events: int) -> None:
-    for seq in range(events):
-        row = event_row(MESSAGES_FAILED, datetime.now(UTC), "poison_pipeline", f"inbound cycle {seq} poisoned 1",
-                        f"m-{seq}-0", INBOUND, run_id="manual", cycle_seq=seq, failures="[]")
-        tables.append(EVENTS, pa.Table.from_pylist([row], schema=schemas.EVENTS))
-
-
-def _direct_enqueue(declaration: Declaration) -> Callable[[list[dict[str, Any]]], None]:
-    """What `enqueue` commits (the same rows, one inbound and one intake commit per batch, each
-    commit's checkpoint hook), written through table handles kept open: `enqueue` opens both
-    tables again for every batch, which dominates seeding once their logs are long."""
-    tables = QueueTables.of(declaration, QUEUE)
-    tables.ensure()
-    ensure_intake(tables)
-    inbound, intake = tables.open(INBOUND), tables.open(INTAKE)
-    policy = declaration.queue(QUEUE).policy
-
-    def write(records: list[dict[str, Any]]) -> None:
-        now = datetime.now(UTC)
-        envelopes = [parse_envelope(r, now, policy.time_to_live, policy.max_body_bytes) for r in records]
-        batch = f"enq-{uuid.uuid4().hex}"
-        write_deltalake(inbound, message_rows(envelopes, batch, now), mode="append")
-        row = {"batch_id": batch, "source": ENQUEUE, "messages": len(envelopes), "at": now}
-        write_deltalake(intake, pa.Table.from_pylist([row], schema=schemas.INTAKE), mode="append")
-
-    return write
+def _events(first: int, count: int) -> list[pa.Table]:
+    """messages_failed events as failing cycles write them, one commit each."""
+    return [pa.Table.from_pylist([event_row(MESSAGES_FAILED, datetime.now(UTC), "poison_pipeline",
+                                            f"inbound cycle {seq} poisoned 1", f"m-{seq}-0", INBOUND,
+                                            run_id="manual", cycle_seq=seq, failures="[]")], schema=schemas.EVENTS)
+            for seq in range(first, first + count)]
 
 
 def seed(declaration: Declaration, workdir: str, messages: int, files: int, failed: int, events: int,
-         direct: bool) -> float:
+         through_enqueue: bool) -> float:
     """Build the lake; seconds taken. A half-built lake (killed while seeding) is refused, not measured."""
     tables = QueueTables.of(declaration, QUEUE)
     if tables.exists(INBOUND):
@@ -116,57 +98,112 @@ def seed(declaration: Declaration, workdir: str, messages: int, files: int, fail
                          "another --workdir")
     started = time.perf_counter()
     per_file = messages // files
-    write = _direct_enqueue(declaration) if direct else None
-    for f in range(files):
-        records = _records(per_file)
-        if write is not None:
-            write(records)
-        else:
-            assert enqueue(declaration, QUEUE, records).accepted == per_file
-        if f and f % 500 == 0:
-            spent = time.perf_counter() - started
-            print(f"seeded {f} of {files} enqueues in {spent:.0f} s ({spent / f * 1000:.0f} ms each)",
-                  file=sys.stderr, flush=True)
+    if through_enqueue:
+        for _ in range(files):
+            assert enqueue(declaration, QUEUE, _texts(per_file)).accepted == per_file
+    else:
+        seed_enqueues(declaration, QUEUE, [_texts(per_file) for _ in range(files)], workdir)
     fill_failed(declaration, failed)
     _fill_processed(tables, failed)
-    _fill_events(tables, events)
+    if through_enqueue:
+        for table in _events(0, events):
+            tables.append(EVENTS, table)
+    else:
+        seed_appends(tables.uri(EVENTS), _events(0, events), [None] * events, workdir)
     return time.perf_counter() - started
 
 
-def _evaluate(sensor: SensorDefinition, instance: DagsterInstance, cursor: str | None) -> SensorResult:
-    result = sensor(build_sensor_context(instance=instance, cursor=cursor, sensor_name=sensor.name))
-    assert isinstance(result, SensorResult), f"{sensor.name} returned {result!r}"
-    return result
+def seed_differences(workdir: str, seeded: Declaration, enqueues: int, events: int) -> dict[str, list[str]]:
+    """The seeded lake against a reference made by `enqueues` real enqueues and `events` real event
+    appends (versions 1, 2, the middle and the last; checkpoints up to the shorter log)."""
+    reference = bench_declaration(os.path.join(workdir, "reference"))
+    tables = QueueTables.of(reference, QUEUE)
+    for _ in range(enqueues):
+        enqueue(reference, QUEUE, _texts(PER_ENQUEUE))
+    for table in _events(0, events):
+        tables.append(EVENTS, table)
+    mine = QueueTables.of(seeded, QUEUE)
+    found = {}
+    notes = []
+    for lake in (tables, mine):
+        with open(ids_cache(lake, INBOUND) + ".notes") as handle:
+            notes.append(sum(1 for _ in handle))
+    found["id_notes"] = [] if notes == [enqueues, len(os.listdir(mine.uri(INBOUND))) - 1] else [
+        f"notes of the one_place check: real {notes[0]} for {enqueues} enqueues, seeded {notes[1]}"]
+    for table, count in ((INBOUND, enqueues), (INTAKE, enqueues), (EVENTS, events)):
+        found[table] = compare_logs(tables.uri(table), mine.uri(table), sorted({1, 2, count // 2, count}))
+    shutil.rmtree(os.path.join(workdir, "reference"))
+    return found
 
 
-def _checks(declaration: Declaration, tables: QueueTables) -> dict[str, Any]:
-    """Each check function of operations/checks.py, as the Dagster step (defs/checks.py) calls it."""
+# ---- one evaluation round, in a process of its own ------------------------------------------------
+
+
+def evaluate(workdir: str) -> None:
+    """Evaluate every sensor and check once, with the cursors and growth rows of the previous round
+    (in `STATE`), and add this round's timings there."""
+    from dagster import DagsterInstance, SensorResult, build_sensor_context
+
+    from poison_pipeline.defs.build import build_definitions
+    from poison_pipeline.operations.checks import (
+        DEAD_LETTER_GROWTH,
+        POISON_GROWTH,
+        check_conservation,
+        check_growth,
+        check_oldest_waiting,
+        check_one_place,
+    )
+
+    declaration = bench_declaration(workdir)
+    tables = QueueTables.of(declaration, QUEUE)
+    path = os.path.join(workdir, STATE)
+    with open(path) as handle:
+        state = json.load(handle)
     oldest = declaration.queue(QUEUE).checks.oldest_waiting
     checks: dict[str, Any] = {
         "conservation": lambda: check_conservation(tables),
         "one_place": lambda: check_one_place(tables),
-        "poison_growth": lambda: check_growth(tables, POISON_GROWTH, 100, None),
-        "dead_letter_growth": lambda: check_growth(tables, DEAD_LETTER_GROWTH, 100, None),
+        **{name: lambda name=name: check_growth(tables, name, 100, state["rows"].get(name))
+           for name in (POISON_GROWTH, DEAD_LETTER_GROWTH)},
     }
     for table in tables.waiting:
         checks[f"oldest_waiting_{table}"] = lambda table=table: check_oldest_waiting(tables, table, oldest)
-    return checks
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    passed: dict[str, bool] = {}
+    home = os.path.join(workdir, "dagster_home")
+    os.makedirs(home, exist_ok=True)
+    with DagsterInstance.local_temp(tempdir=home) as instance:
+        for sensor in build_definitions(declaration).sensors or []:
+            started, cpu_started = time.perf_counter(), time.process_time()
+            result = sensor(build_sensor_context(instance=instance, cursor=state["cursors"].get(sensor.name),
+                                                 sensor_name=sensor.name))
+            wall[sensor.name], cpu[sensor.name] = time.perf_counter() - started, time.process_time() - cpu_started
+            assert isinstance(result, SensorResult), f"{sensor.name} returned {result!r}"
+            state["cursors"][sensor.name] = result.cursor
+            state["requested"][sensor.name] = state["requested"].get(sensor.name, 0) + len(result.run_requests or [])
+    for name, check in checks.items():
+        started, cpu_started = time.perf_counter(), time.process_time()
+        outcome = check()
+        wall[name], cpu[name] = time.perf_counter() - started, time.process_time() - cpu_started
+        passed[name] = outcome.passed
+        if "rows" in outcome.metadata:
+            state["rows"][name] = outcome.metadata["rows"]
+    state["rounds"].append({"wall": wall, "cpu": cpu, "passed": passed})
+    with open(path, "w") as handle:
+        json.dump(state, handle)
 
 
-def _log_shape(tables: QueueTables, table: str) -> dict[str, Any]:
-    """The inbound log as an opener sees it: its version, files, and the commits after the last checkpoint."""
-    log = os.path.join(tables.uri(table), "_delta_log")
-    version = tables.open(table).version()
-    checkpoint = None
-    if os.path.exists(os.path.join(log, "_last_checkpoint")):
-        with open(os.path.join(log, "_last_checkpoint")) as handle:
-            checkpoint = json.load(handle)["version"]
-    return {"version": version, "files": len(tables.open(table).file_uris()), "last_checkpoint": checkpoint,
-            "commits_to_replay": version - (checkpoint if checkpoint is not None else -1)}
+def _round(workdir: str) -> None:
+    subprocess.run([sys.executable, __file__, "--evaluate", workdir], check=True, stdout=sys.stderr)
 
 
-def run(workdir: str, messages: int, files: int, failed: int, events: int, rounds: int,
-        direct: bool) -> dict[str, Any]:
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+def run(workdir: str, messages: int, files: int, failed: int, events: int, rounds: int, new: int,
+        reference: int, through_enqueue: bool, no_notes: bool) -> dict[str, Any]:
     load_start = os.getloadavg()
     declaration = bench_declaration(workdir)
     tables = QueueTables.of(declaration, QUEUE)
@@ -175,60 +212,81 @@ def run(workdir: str, messages: int, files: int, failed: int, events: int, round
         with open(marker) as handle:
             seeded = json.load(handle)
     else:
-        seed_s = seed(declaration, workdir, messages, files, failed, events, direct)
+        seed_s = seed(declaration, workdir, messages, files, failed, events, through_enqueue)
         seeded = {"messages": messages, "files": files, "failed": failed, "events": events,
-                  "through": "direct commits" if direct else "enqueue", "seed_s": round(seed_s, 1)}
+                  "through": "enqueue" if through_enqueue else "lake_seed", "seed_s": round(seed_s, 1)}
+        started = time.perf_counter()
+        seeded["differences"] = seed_differences(workdir, declaration, min(reference, files), min(reference, events))
+        seeded["reference_s"] = round(time.perf_counter() - started, 1)
         with open(marker, "w") as handle:
             json.dump(seeded, handle)
-    sensors = list(build_definitions(declaration).sensors or [])
-    checks = _checks(declaration, tables)
-    times: dict[str, list[float]] = {name: [] for name in [s.name for s in sensors] + list(checks)}
-    # CPU time of this process (all its threads): on a machine shared with other work, a hint of
-    # what the wall time would be on a quiet one.
-    cpu_times: dict[str, list[float]] = {name: [] for name in times}
-    cursors: dict[str, str | None] = {s.name: None for s in sensors}
-    requested: dict[str, int] = {s.name: 0 for s in sensors}
-    outcomes: dict[str, bool] = {}
-    home = os.path.join(workdir, "dagster_home")
-    os.makedirs(home, exist_ok=True)
-    with DagsterInstance.local_temp(tempdir=home) as instance:
-        for _ in range(rounds):
-            enqueue(declaration, QUEUE, _records(10))
-            for sensor in sensors:
-                started, cpu = time.perf_counter(), time.process_time()
-                result = _evaluate(sensor, instance, cursors[sensor.name])
-                times[sensor.name].append(time.perf_counter() - started)
-                cpu_times[sensor.name].append(time.process_time() - cpu)
-                cursors[sensor.name] = result.cursor
-                requested[sensor.name] += len(result.run_requests or [])
-            for name, check in checks.items():
-                started, cpu = time.perf_counter(), time.process_time()
-                outcomes[name] = check().passed
-                times[name].append(time.perf_counter() - started)
-                cpu_times[name].append(time.process_time() - cpu)
-    median_ms = {name: round(statistics.median(t) * 1000, 1) for name, t in times.items()}
-    max_ms = {name: round(max(t) * 1000, 1) for name, t in times.items()}
-    worst = max(median_ms, key=lambda name: median_ms[name])
+    # The first evaluation ever: no cursor, no check cache, and the notes the enqueues left of their
+    # ids (kept aside at seeding: a round takes them into the cache), as 10,000 real enqueues leave
+    # them; `--no-notes` measures a lake whose enqueues left none (an older version's).
+    notes, kept = ids_cache(tables, INBOUND) + ".notes", os.path.join(workdir, ENQUEUE_NOTES)
+    if not os.path.exists(kept) and os.path.exists(notes):
+        shutil.copyfile(notes, kept)
+    shutil.rmtree(tables.work_uri("checks"), ignore_errors=True)
+    if not no_notes and os.path.exists(kept):
+        os.makedirs(tables.work_uri("checks"))
+        shutil.copyfile(kept, notes)
+    with open(os.path.join(workdir, STATE), "w") as handle:
+        json.dump({"cursors": {}, "rows": {}, "requested": {}, "rounds": []}, handle)
+    shape = {INBOUND: _log_shape(tables, INBOUND), INTAKE: _log_shape(tables, INTAKE)}
+    _round(workdir)
+    for _ in range(rounds):
+        for _ in range(new):
+            enqueue(declaration, QUEUE, _texts(PER_ENQUEUE))
+        _round(workdir)
+    with open(os.path.join(workdir, STATE)) as handle:
+        state = json.load(handle)
+    first, steady = state["rounds"][0], state["rounds"][1:]
+    names = list(first["wall"])
+    first_ms = {name: _ms(first["wall"][name]) for name in names}
+    steady_ms = {name: _ms(statistics.median(r["wall"][name] for r in steady)) for name in names}
+    worst_first = max(names, key=lambda n: first_ms[n])
+    worst_steady = max(names, key=lambda n: steady_ms[n])
+    seed_ok = not any(seeded["differences"].values())
     return {
         "benchmark": "sensors_scale",
         "messages_waiting": tables.open(INBOUND).count(),
-        "inbound_log": _log_shape(tables, INBOUND),
-        "intake_log": _log_shape(tables, "intake"),
+        "inbound_log": shape[INBOUND],
+        "intake_log": shape[INTAKE],
         "seeded": seeded,
+        "seed_matches_real": seed_ok,
         "rounds": rounds,
-        "median_ms": median_ms,
-        "max_ms": max_ms,
-        "cpu_median_ms": {name: round(statistics.median(t) * 1000, 1) for name, t in cpu_times.items()},
-        "runs_requested": requested,
-        "checks_passed": outcomes,
-        "worst": worst,
-        "worst_median_ms": median_ms[worst],
-        "worst_max_ms": max(max_ms.values()),
+        "new_enqueues_per_round": new,
+        "enqueue_notes_kept": not no_notes,
+        "first_ms": first_ms,
+        "first_cpu_ms": {name: _ms(first["cpu"][name]) for name in names},
+        "steady_median_ms": steady_ms,
+        "steady_max_ms": {name: _ms(max(r["wall"][name] for r in steady)) for name in names},
+        "steady_cpu_median_ms": {name: _ms(statistics.median(r["cpu"][name] for r in steady)) for name in names},
+        "runs_requested": state["requested"],
+        "checks_passed_last_round": state["rounds"][-1]["passed"],
+        "worst_first": worst_first,
+        "worst_first_ms": first_ms[worst_first],
+        "worst_steady": worst_steady,
+        "worst_steady_median_ms": steady_ms[worst_steady],
         "target_ms": TARGET_MS,
-        "within_target": median_ms[worst] <= TARGET_MS,
+        "within_target_first": first_ms[worst_first] <= TARGET_MS,
+        "within_target_steady": steady_ms[worst_steady] <= TARGET_MS,
+        "within_target": seed_ok and max(first_ms[worst_first], steady_ms[worst_steady]) <= TARGET_MS,
         "load_avg": {"start": list(load_start), "end": list(os.getloadavg())},
         "cpus": os.cpu_count(),
     }
+
+
+def _log_shape(tables: QueueTables, table: str) -> dict[str, Any]:
+    """A log as an opener sees it: its version, files, and the commits after the last checkpoint."""
+    log = os.path.join(tables.uri(table), "_delta_log")
+    target = tables.open(table)
+    checkpoint = None
+    if os.path.exists(os.path.join(log, "_last_checkpoint")):
+        with open(os.path.join(log, "_last_checkpoint")) as handle:
+            checkpoint = json.load(handle)["version"]
+    return {"version": target.version(), "files": len(target.file_uris()), "last_checkpoint": checkpoint,
+            "commits_to_replay": target.version() - (checkpoint if checkpoint is not None else -1)}
 
 
 def main() -> int:
@@ -238,18 +296,27 @@ def main() -> int:
     parser.add_argument("--failed", type=int, default=10_000,
                         help="rows in each of retry_1, poison, dead_letter and processed")
     parser.add_argument("--events", type=int, default=1_000, help="messages_failed events, one commit each")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--direct-seed", action="store_true",
-                        help="seed with enqueue's rows and commits through kept table handles (faster)")
+    parser.add_argument("--rounds", type=int, default=5, help="steady-state rounds after the first evaluation")
+    parser.add_argument("--new", type=int, default=10, help="real enqueues of 100 messages before each round")
+    parser.add_argument("--reference", type=int, default=101,
+                        help="real enqueues and event appends of the reference lake the seeded one is compared with")
+    parser.add_argument("--through-enqueue", action="store_true",
+                        help="seed through the product's enqueue and appends themselves (hours at full size)")
+    parser.add_argument("--no-notes", action="store_true",
+                        help="remove the enqueues' notes of their ids before the first evaluation (an older lake)")
     parser.add_argument("--quick", action="store_true", help="50,000 messages in 300 files (CI)")
     parser.add_argument("--workdir", default=None, help="keep the seeded lake here; a kept lake is measured again")
+    parser.add_argument("--evaluate", metavar="WORKDIR", help=argparse.SUPPRESS)  # one round, in its own process
     args = parser.parse_args()
+    if args.evaluate:
+        evaluate(args.evaluate)
+        return 0
     if args.quick:
         args.messages, args.files, args.failed, args.events, args.rounds = 50_000, 300, 1_000, 100, 3
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
-    return emit(lambda folder: run(folder, args.messages, args.files, args.failed, args.events, args.rounds,
-                                   args.direct_seed),
+    return emit(lambda folder: run(folder, args.messages, args.files, args.failed, args.events, args.rounds, args.new,
+                                   args.reference, args.through_enqueue, args.no_notes),
                 args.workdir, "sensors-scale-")
 
 

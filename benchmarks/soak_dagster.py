@@ -72,7 +72,7 @@ def descendants(root: int) -> list[int]:
 def freeze(root: int) -> dict[int, int | None]:
     """SIGSTOP `root` and its descendants, again until none is new (so that none forks a child that
     outlives a kill): {pid: start time} of the processes frozen, empty if `root` is gone."""
-    from poison_pipeline.examples.delivery_log import process_start
+    from poison_pipeline.proc import process_start
 
     frozen: dict[int, int | None] = {}
     while True:
@@ -112,14 +112,14 @@ def kill_tree(root: int) -> list[tuple[int, int | None]]:
 class DagsterDev:
     """`dagster dev` in a session of its own, output to a log file; stopped by pid."""
 
-    def __init__(self, home: Path, config: Path, app_db: Path, log: Path) -> None:
+    def __init__(self, home: Path, config: Path, app_db: Path, log: Path, env: dict[str, str] | None = None) -> None:
         self.home = home
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         env = {**os.environ, "DAGSTER_HOME": str(home), "POISON_PIPELINE_CONFIG": str(config),
                "POISON_PIPELINE_APP_DB": str(app_db), "PYSPARK_PYTHON": sys.executable,
-               "PYSPARK_DRIVER_PYTHON": sys.executable}
+               "PYSPARK_DRIVER_PYTHON": sys.executable, **(env or {})}
         with log.open("wb") as out:
             self.process = subprocess.Popen(
                 [str(BIN / "dagster"), "dev", "-w", str(home / "workspace.yaml"), "-h", "127.0.0.1",
@@ -160,23 +160,42 @@ class DagsterDev:
     def materialize(self, queue: str, table: str) -> str:
         """Launch what an asset page's "Materialize" launches (the asset job, no job tags): only the
         queue's lease keeps it apart from a cycle already running. The run id."""
+        return self.launch(ASSET_JOB, [{"path": [queue, table]}], {"poison_pipeline/soak": "concurrent"})
+
+    def launch(self, job: str, assets: list[dict[str, list[str]]] | None = None,
+               tags: dict[str, str] | None = None) -> str:
+        """Launch `job` as the UI's launchRun does (the job's own tags and `tags`). The run id."""
         mutation = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
             __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
             ... on InvalidStepError { invalidStepKey } ... on RunConfigValidationInvalid { errors { message } } } }"""
-        params = {"selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
-                               "jobName": ASSET_JOB, "assetSelection": [{"path": [queue, table]}],
-                               "assetCheckSelection": []},
-                  "runConfigData": {}, "mode": "default", "executionMetadata": {"tags": [
-                      {"key": "poison_pipeline/soak", "value": "concurrent"}]}}
+        selector: dict[str, Any] = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "jobName": job}
+        if assets is not None:
+            selector.update(assetSelection=assets, assetCheckSelection=[])
+        params = {"selector": selector, "runConfigData": {}, "mode": "default", "executionMetadata": {
+            "tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]}}
         result = self.graphql(mutation, {"params": params})["launchRun"]
         if result["__typename"] != "LaunchRunSuccess":
-            raise RuntimeError(f"launchRun of {queue}/{table} failed: {result}")
+            raise RuntimeError(f"launchRun of {job} {assets or ''} failed: {result}")
         return str(result["run"]["runId"])
+
+    def stop_sensors(self) -> list[str]:
+        """Stop every sensor of the code location, as a user does from the UI. Their names."""
+        query = """query($repo: RepositorySelector!) { sensorsOrError(repositorySelector: $repo) {
+            __typename ... on Sensors { results { name sensorState { id } } } } }"""
+        repo = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
+        sensors = self.graphql(query, {"repo": repo})["sensorsOrError"]["results"]
+        mutation = """mutation($id: String!) { stopSensor(id: $id) { __typename
+            ... on StopSensorMutationResult { instigationState { status } } ... on PythonError { message } } }"""
+        for sensor in sensors:
+            result = self.graphql(mutation, {"id": sensor["sensorState"]["id"]})["stopSensor"]
+            if result["__typename"] != "StopSensorMutationResult":
+                raise RuntimeError(f"stopSensor {sensor['name']} failed: {result}")
+        return [sensor["name"] for sensor in sensors]
 
     def stop(self) -> None:
         """SIGTERM to the session, then kill -9 whatever of it is left (runs, their fork servers and
         Spark JVMs included, whose Python workers pyspark puts in groups of their own), by pid."""
-        from poison_pipeline.examples.delivery_log import process_start
+        from poison_pipeline.proc import process_start
 
         seen = {pid: process_start(pid) for pid in descendants(self.process.pid)}
         if self.process.poll() is None:
@@ -230,11 +249,9 @@ def runs(instance: DagsterInstance, statuses: tuple[DagsterRunStatus, ...] = ())
 
 def run_pid(instance: DagsterInstance, run_id: str) -> int | None:
     """The run worker's pid, from its engine event "Started process for run (pid: N)"."""
-    for event in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
-        data = event.dagster_event.engine_event_data if event.dagster_event else None
-        if data is not None and "pid" in data.metadata and "Started process" in (event.message or ""):
-            return int(str(data.metadata["pid"].value))
-    return None
+    from poison_pipeline.runs.launcher import logged_pid
+
+    return logged_pid(instance, run_id)
 
 
 def run_log_text(instance: DagsterInstance, run_id: str) -> str:

@@ -82,3 +82,19 @@ def reads_and_fails(message: Message) -> None:
     with contextlib.suppress(ValueError):
         message.text()
     raise ValueError(f"cannot process {message.message_type}")
+
+
+def leaves_late_staged_file(message: Message) -> None:
+    """Body `staging`: the queue's staging root (`_work/staging`). Writes, into every cycle staging folder there, a
+    staged file naming a message that was never sent, as a task of a killed earlier delivery that
+    finished late would."""
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from poison_pipeline.engine.staging import STAGED
+
+    ghost = {"message_id": "ghost", "destination": "processed", "disposition": "processed", "attempts": []}
+    for folder in glob.glob(os.path.join(message.json()["staging"], "*", "*")):  # <table>/<seq>-<holder>
+        pq.write_table(pa.Table.from_pylist([ghost], schema=STAGED), os.path.join(folder, "part-99999-late.parquet"))

@@ -63,3 +63,23 @@ def test_enqueue_keeps_the_good_and_reports_the_bad(make_declaration):
     assert [(r.line, r.message_id) for r in result.refused] == [(2, "b"), (3, None), (4, "a")]
     assert "appears twice" in result.refused[2].error and "not valid JSON" in result.refused[1].error
     assert sorted(r["message_id"] for r in rows(declaration, "inbound")) == ["a", "c"]
+
+
+def test_an_enqueue_onto_a_queue_whose_tables_were_deleted_creates_them_again(make_declaration):
+    """An enqueue opens only the tables it writes; when inbound is missing (a fresh lake, or a
+    queue folder deleted) it creates every table of the queue, as the first enqueue did."""
+    import shutil
+
+    from poison_pipeline.storage.intake import accepted_total
+    from poison_pipeline.storage.tables import QueueTables
+
+    declaration = make_declaration(queue())
+    tables = QueueTables.of(declaration, "q")
+    assert enqueue(declaration, "q", ['{"message_id": "a", "message_type": "t"}']).accepted == 1
+    assert all(tables.exists(table) for table in tables.all_tables)
+    shutil.rmtree(tables.uri("inbound").rsplit("/", 1)[0])
+
+    assert enqueue(declaration, "q", ['{"message_id": "b", "message_type": "t"}']).accepted == 1
+    assert all(tables.exists(table) for table in tables.all_tables)
+    assert [r["message_id"] for r in rows(declaration, "inbound")] == ["b"]
+    assert accepted_total(tables) == 1

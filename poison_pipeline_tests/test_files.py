@@ -5,19 +5,23 @@ files whose log statistics may hold what is looked up."""
 from __future__ import annotations
 
 import os
+import shutil
 from datetime import UTC, datetime
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from poison_pipeline.domain.alerts import MESSAGES_FAILED
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.checks import check_one_place, message_ids
+from poison_pipeline.operations.maintenance import maintain
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, queue_state, set_enabled
 from poison_pipeline.storage.files import files_dataset, rows_where_in
+from poison_pipeline.storage.message_ids import ids_cache
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 from poison_pipeline_tests.support import queue, send
 
@@ -109,3 +113,75 @@ def test_one_place_reads_a_file_once_then_follows_the_log(make_declaration, spar
     outcome = check_one_place(tables)
     assert not outcome.passed
     assert outcome.metadata["sample"] == ["m1-2: inbound, retry_1"]
+
+
+def _inbound_files(tables: QueueTables) -> list[str]:
+    return pa.table(tables.open("inbound").get_add_actions(flatten=False))["path"].to_pylist()
+
+
+def test_a_check_takes_the_ids_an_enqueue_noted_and_stays_exact_without_them(make_declaration):
+    """An enqueue notes the ids of the file it committed: the first check reads no file of those
+    enqueues (their files moved away go unnoticed). Notes torn by a crash or naming files that are
+    not in the log change nothing; files nobody noted (compacted by maintenance) are read; a lake
+    without notes (an older version's) gives the same ids; a message enqueued twice is still found."""
+    declaration = make_declaration(queue())
+    for part in range(3):
+        send(declaration, {f"m{part}-{i}": {} for i in range(4)})
+    tables = QueueTables.of(declaration, "q")
+    expected = sorted(f"m{p}-{i}" for p in range(3) for i in range(4))
+    notes = ids_cache(tables, "inbound") + ".notes"
+    with open(notes, "ab") as handle:  # a torn line, then a note of a file the log never listed
+        handle.write(b'{"path": "part-torn')
+        handle.write(b'\n{"path": "part-unknown.parquet", "values": ["ghost"]}\n')
+    paths = [os.path.join(tables.uri("inbound"), unquote(p)) for p in _inbound_files(tables)]
+    for path in paths:
+        os.rename(path, path + ".away")
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == expected
+    for path in paths:
+        os.rename(path + ".away", path)
+    assert not os.path.exists(notes)  # taken into the check's cache
+    # Compaction rewrites the files under new names nobody noted: they are read.
+    maintain(declaration, "q", vacuum=False)
+    assert len(_inbound_files(tables)) == 1
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == expected
+    send(declaration, {"m0-1": {}, "late": {}})
+    shutil.rmtree(ids_cache(tables, "inbound"))  # no cache: the notes of the last enqueue and a read
+    outcome = check_one_place(tables)
+    assert outcome.passed  # one table may hold an id twice (a duplicate-to-be)
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == sorted([*expected, "late", "m0-1"])
+    shutil.rmtree(tables.work_uri("checks"))  # an older lake: neither notes nor cache
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == sorted([*expected, "late", "m0-1"])
+
+
+def test_one_place_is_exact_whatever_its_cache_holds(make_declaration):
+    """The check's cache of ids never decides the outcome: files it holds that the log dropped no
+    longer count, a segment held twice (two checks racing) counts once, a torn segment is ignored,
+    and many segments rewritten as one keep every id: a message in two tables always fails it."""
+    declaration = make_declaration(queue())
+    tables = QueueTables.of(declaration, "q")
+    for part in range(3):
+        send(declaration, {f"m{part}-{i}": {} for i in range(3)})
+    assert check_one_place(tables).passed
+    waiting = tables.open("inbound").to_pyarrow_table()
+    batch = waiting.filter(pc.equal(waiting["message_id"], "m0-0"))["batch_id"][0].as_py()
+    tables.append("retry_1", waiting.filter(pc.equal(waiting["batch_id"], batch)))
+    outcome = check_one_place(tables)
+    assert not outcome.passed and outcome.metadata["in_two_places"] == 3
+    tables.remove_batches("inbound", [batch])  # the cached file leaves the log
+    assert check_one_place(tables).passed
+    rest = sorted(f"m{p}-{i}" for p in (1, 2) for i in range(3))
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == rest
+    cache = ids_cache(tables, "inbound")
+    segment = next(n for n in os.listdir(cache) if n.startswith("seg-"))
+    shutil.copyfile(os.path.join(cache, segment), os.path.join(cache, "seg-copy.parquet"))
+    with open(os.path.join(cache, "seg-torn.parquet"), "wb") as handle:
+        handle.write(b"PAR1 torn")
+    send(declaration, {"m0-1": {}})  # enqueued again while its first copy waits in retry_1
+    outcome = check_one_place(tables)
+    assert not outcome.passed and outcome.metadata["sample"] == ["m0-1: inbound, retry_1"]
+    assert outcome.metadata["ids_checked"] == len(rest) + 1 + 3
+    for i in range(20):  # a segment per check, rewritten as one when they grow many
+        send(declaration, {f"n{i}": {}})
+        assert not check_one_place(tables).passed
+    assert len(os.listdir(cache)) < 16
+    assert sorted(message_ids(tables, "inbound").to_pylist()) == sorted([*rest, "m0-1", *(f"n{i}" for i in range(20))])

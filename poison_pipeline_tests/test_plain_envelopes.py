@@ -13,7 +13,7 @@ import pyarrow as pa
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.operations.enqueue import _screen, enqueue_data
 from poison_pipeline.storage.enqueue import Parsed, envelope_table, land
-from poison_pipeline.storage.plain_envelopes import plain_envelopes, printable
+from poison_pipeline.storage.plain_envelopes import joined, plain_lines
 from poison_pipeline_tests.support import queue, rows
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -107,9 +107,8 @@ def _lines(count: int, seed: int) -> list[str]:
 def test_every_line_the_vectorised_path_reads_is_read_the_same_by_parse_envelope() -> None:
     texts = _lines(6000, seed=7)
     array = pa.array(texts, pa.large_string())
-    candidates = [i for i, ok in enumerate(printable(array)) if ok]
-    mask, envelopes = plain_envelopes(array.take(candidates), NOW, TTL, 300)
-    read = [candidates[i] for i, ok in enumerate(mask) if ok]
+    mask, envelopes = plain_lines(*joined(array), NOW, TTL, 300)
+    read = [i for i, ok in enumerate(mask) if ok]
     assert len(read) > 400, "the generated lines should exercise the vectorised path"
     assert len(read) < len(texts) - 1000, "and leave many lines to the per-record path"
     expected = []
@@ -123,7 +122,10 @@ def test_every_line_the_vectorised_path_reads_is_read_the_same_by_parse_envelope
         assert g == w, texts[i]
 
 
-def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration) -> None:
+def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration, monkeypatch) -> None:
+    # Slices of 500 lines: the file is read by several threads, each from a line boundary.
+    monkeypatch.setattr("poison_pipeline.storage.enqueue._SLICE_ROWS", 500)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
     texts = _lines(3000, seed=11)
     data = ("\n".join(texts[:1500]) + "\n\n  \n" + "\n".join(texts[1500:])).encode("utf-8", "surrogatepass")
     spec = queue(time_to_live="1h", max_body_bytes=300)["q"]
@@ -157,12 +159,13 @@ def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration) -
 def test_the_file_splitter_finds_the_lines_split_lines_finds():
     """The bytes splitter of `enqueue_data` keeps exactly the non-blank lines, numbered as an editor
     shows them: whitespace-only lines of every kind, empty lines, no final newline."""
-    from poison_pipeline.operations.enqueue import _split, split_lines
+    from poison_pipeline.operations.enqueue import split_data, split_lines
 
     rng = random.Random(5)
     alphabet = [b" ", b"\t", b"\r", b"\x0b", b"\x0c", b"{", b"}", b"a", b"\xff", b"\n", b"\n"]
     for _ in range(3000):
         data = b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
-        raws, numbers = _split(data)
-        assert list(zip(numbers.tolist(), raws.to_pylist(), strict=True)) == [
+        data, starts, ends, numbers = split_data(data)
+        raws = [data[start:end] for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
+        assert list(zip(numbers.tolist(), raws, strict=True)) == [
             (line.number, line.raw) for line in split_lines(data)], data

@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
+import pyarrow as pa
+
 from poison_pipeline.broker.conversations import end_conversation
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.enqueue import enqueue
-from poison_pipeline.storage.tables import QueueTables, _whole_due_batches
+from poison_pipeline.storage.tables import QueueTables, _whole_due_files
 from poison_pipeline_tests.support import places, queue, rows, send
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -84,12 +87,14 @@ def test_a_file_that_mixes_due_and_later_batches_waits_until_all_are_due(spark, 
 
 
 def test_a_batch_with_rows_in_a_file_not_yet_due_is_not_taken_from_a_due_file():
-    paths = ["rewritten", "untouched", "alone"]
-    later = NOW + timedelta(hours=1)
-    batches = {"rewritten": {"A", "B"}, "untouched": {"B"}, "alone": {"C"}}
+    # Files: rewritten (batches A, B), untouched (B), alone (C); one pair per file and batch.
+    files, batches = np.array([0, 0, 1, 2]), pa.array(["A", "B", "B", "C"])
     # B still has rows that are not due: taking the rewritten file would remove them unread.
-    assert _whole_due_batches(paths, [NOW, later, NOW], batches, NOW) == {"alone"}
-    assert _whole_due_batches(paths, [NOW, NOW, NOW], batches, NOW) == {"rewritten", "untouched", "alone"}
+    assert _whole_due_files(np.array([True, False, True]), files, batches).tolist() == [False, False, True]
+    assert _whole_due_files(np.array([True, True, True]), files, batches).tolist() == [True, True, True]
+    # A chain: D waits in a file not due, so the due file of D and E is held back, and so is E's other file.
+    files, batches = np.array([0, 1, 1, 2]), pa.array(["D", "D", "E", "E"])
+    assert _whole_due_files(np.array([False, True, True]), files, batches).tolist() == [False, False, False]
 
 
 def test_a_poison_cycle_after_a_redrive_across_many_poison_batches_takes_each_message_once(

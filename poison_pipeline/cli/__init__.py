@@ -127,7 +127,7 @@ def console_main() -> NoReturn:
     finalizing (wait for non-daemon threads, run the atexit handlers, flush stdout and stderr) and
     then leaves with os._exit, which never finalizes.
     """
-    os._exit(_shut_down(run_console()))
+    os._exit(shut_down(run_console()))
 
 
 def run_console(argv: Sequence[str] | None = None) -> int:
@@ -140,7 +140,7 @@ def run_console(argv: Sequence[str] | None = None) -> int:
         return EXIT_INCOMPLETE
 
 
-def _shut_down(code: int) -> int:
+def shut_down(code: int) -> int:
     """What an interpreter exit does before finalizing, in its order; returns the exit code to use."""
     threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads, as Py_FinalizeEx does
     atexit._run_exitfuncs()  # logging.shutdown among them

@@ -4,7 +4,7 @@ cycle that failed messages (poisoned, dead-lettered or quarantined them)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -25,8 +25,12 @@ class FailureCount:
     example_id: str | None = None
 
 
+def _fields_of(value: Any) -> dict[str, Any]:
+    return {f.name: getattr(value, f.name) for f in fields(value)}
+
+
 def failures_to_json(failures: tuple[FailureCount, ...]) -> str:
-    return json.dumps([asdict(f) for f in failures])
+    return json.dumps([_fields_of(f) for f in failures])
 
 
 def failures_from_json(text: str | None) -> tuple[FailureCount, ...]:
@@ -63,9 +67,11 @@ class QueueEvent:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (`at` in ISO 8601), for hooks that post to mail or chat."""
-        data = asdict(self)
+        # Shallow: every field is a str, int, None or datetime (asdict's deep copies cost a sensor
+        # raising a thousand events most of its evaluation).
+        data = _fields_of(self)
         data["at"] = self.at.isoformat()
-        data["failures"] = [asdict(f) for f in self.failures]
+        data["failures"] = [_fields_of(f) for f in self.failures]
         return data
 
     def describe(self) -> str:

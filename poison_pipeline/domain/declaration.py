@@ -288,7 +288,7 @@ def parse_declaration(data: Any, source: str = "<dict>", base_dir: Path | None =
 
 def load_declaration(path: str | os.PathLike[str] | None = None) -> Declaration:
     """Load the declaration from `path`, else $POISON_PIPELINE_CONFIG, else ./poison_pipeline.yaml."""
-    chosen = Path(path or os.environ.get(CONFIG_ENV) or default_declaration_path())
+    chosen = declaration_path(path)
     if not chosen.is_file():
         raise DeclarationError(f"declaration file {chosen} does not exist")
     try:
@@ -298,6 +298,11 @@ def load_declaration(path: str | os.PathLike[str] | None = None) -> Declaration:
     except yaml.YAMLError as error:
         raise DeclarationError(f"declaration {chosen} is not valid YAML: {error}") from None
     return parse_declaration(data, str(chosen), chosen.parent)
+
+
+def declaration_path(path: str | os.PathLike[str] | None = None) -> Path:
+    """The file `load_declaration(path)` reads."""
+    return Path(path or os.environ.get(CONFIG_ENV) or default_declaration_path())
 
 
 def default_declaration_path() -> Path:

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.broker.conversations import (
@@ -24,10 +23,9 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.policy import Ordering
 from poison_pipeline.domain.routing import cycle_number
 from poison_pipeline.engine import local
-from poison_pipeline.engine.batch import CycleSpec, Processor
+from poison_pipeline.engine.batch import CycleSpec
 from poison_pipeline.engine.commit import apply_staged, end_failed_conversations
 from poison_pipeline.engine.dedup import (
-    HASH_COLUMN,
     SMALL_BATCH,
     Duplicates,
     Ledger,
@@ -42,6 +40,7 @@ from poison_pipeline.engine.ordering import (
     mark_blocked,
     sorted_in_conversation_order,
 )
+from poison_pipeline.engine.staging import stage_on_spark
 from poison_pipeline.operations.interrupted import Completed, complete_interrupted
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
@@ -89,15 +88,6 @@ def _finish(declaration: Declaration, tables: QueueTables, entry: JournalEntry, 
 
 def _worker_died(error: Exception) -> bool:
     return isinstance(error, local.WorkerDied) or "Python worker exited unexpectedly" in str(error)
-
-
-def _on_spark(batch: DataFrame, staging: str) -> Callable[[CycleSpec], None]:
-    def deliver(spec: CycleSpec) -> None:
-        staged = batch.mapInArrow(Processor(spec), from_arrow_schema(schemas.RESULT))
-        # Hashed in the JVM for the processed ledger, where the next cycles' dedup reads it.
-        staged.withColumn(HASH_COLUMN, F.xxhash64("message_id")).write.mode("overwrite").parquet(staging)
-
-    return deliver
 
 
 def _stage(deliver: Callable[[CycleSpec], None], spec: CycleSpec, inflight: str) -> int:
@@ -257,7 +247,8 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
     else:
         if batch is None:
             batch = _session(spark).read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
-        deliver = _on_spark(in_conversation_order(batch) if ordered else batch, entry.staging)
+        deliver = functools.partial(stage_on_spark, in_conversation_order(batch) if ordered else batch,
+                                    staging=entry.staging)
     report.worker_deaths = _stage(deliver, spec, tables.work_uri("inflight", table, lease.holder_id))
     lease.check()
     entry.state = "staged"

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import multiprocessing
+import multiprocessing.process
 import os
 import pickle
 import signal
@@ -103,33 +105,57 @@ def serve(fd: int) -> None:
 
 
 class _Server:
-    def __init__(self) -> None:
+    def __init__(self, by_fork: bool = False) -> None:
         ours, theirs = socket.socketpair()
-        command = f"from poison_pipeline.engine.local import serve; serve({theirs.fileno()})"
-        self.process = subprocess.Popen([sys.executable, "-c", command], pass_fds=[theirs.fileno()],
-                                        stdin=subprocess.DEVNULL)
+        self.forked: multiprocessing.process.BaseProcess | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        if by_fork:
+            self.forked = multiprocessing.get_context("fork").Process(
+                target=_serve_forked, args=(ours.fileno(), theirs.fileno()), daemon=True)
+            self.forked.start()
+        else:
+            command = f"from poison_pipeline.engine.local import serve; serve({theirs.fileno()})"
+            self.process = subprocess.Popen([sys.executable, "-c", command], pass_fds=[theirs.fileno()],
+                                            stdin=subprocess.DEVNULL)
         theirs.close()
         self.connection = Connection(ours.detach())
         self.connection.send(sys.path)
         atexit.register(self.stop)
 
+    def running(self) -> bool:
+        if self.forked is not None:
+            return self.forked.exitcode is None
+        return self.process is not None and self.process.poll() is None
+
     def stop(self) -> None:
         """Let the server go (it exits at the end of its input) and reap it."""
         self.connection.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=5)
+        if self.forked is not None:
+            self.forked.join(timeout=5)
+        elif self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
+
+
+def _serve_forked(driver_end: int, fd: int) -> None:
+    os.close(driver_end)  # the driver's end, inherited by the fork: the server must see it close
+    serve(fd)
 
 
 _lock = threading.Lock()
 _server: _Server | None = None
 
 
-def warm() -> None:
-    """Start the fork server if it is not running: it imports the engine while the driver goes on."""
+def warm(by_fork: bool = False) -> None:
+    """Start the fork server if it is not running: it imports the engine while the driver goes on.
+
+    `by_fork` forks it from this process instead of starting a new interpreter, when this process is
+    still single-threaded and has the engine imported: a Dagster run's process just forked from the
+    warm run worker (poison_pipeline/runs), which then pays no interpreter start for its small cycles."""
     global _server
     with _lock:
-        if _server is None or _server.process.poll() is not None:
-            _server = _Server()
+        if _server is None or not _server.running():
+            _server = _Server(by_fork)
 
 
 def _deliver(spec: CycleSpec, rows: pa.Table) -> tuple[str, object]:

@@ -25,6 +25,7 @@ import pyspark
 
 from poison_pipeline.domain.declaration import SparkSettings
 from poison_pipeline.engine.session import session_config
+from poison_pipeline.proc import alive
 
 SPARK_HOME = Path(pyspark.__file__).parent
 LOCALHOST = "127.0.0.1"
@@ -61,14 +62,6 @@ def spark_environment(workdir: Path, pythonpath: Sequence[str] = ()) -> dict[str
         PYTHONPATH=os.pathsep.join(paths),
     )
     return env
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie does not: it has exited and waits to be reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 

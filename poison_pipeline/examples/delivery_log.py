@@ -20,6 +20,7 @@ from typing import Any
 from poison_pipeline.domain.envelope import Message
 from poison_pipeline.examples import handlers
 from poison_pipeline.handlers import batch_handler, batch_size
+from poison_pipeline.proc import process_start, stat_fields
 
 LOG = "deliveries.log"
 
@@ -28,29 +29,14 @@ def log_path() -> Path:
     return handlers.app_db() / LOG
 
 
-def _stat(pid: int | str) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_start(pid: int | str = "self") -> int | None:
-    """The process's start time in clock ticks since boot (field 22): with the pid, it names one
-    process even after the pid is reused. None when the process is gone."""
-    fields = _stat(pid)
-    return int(fields[19]) if fields else None
-
-
 def ancestors(pid: int | str = "self", depth: int = 8) -> list[int]:
     """The pids of the process's parent, its parent's parent, ... (up to `depth`, init excluded): a
     delivery made in a small cycle's worker or a Spark Python worker is found under its run's process."""
     found: list[int] = []
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     while fields and len(found) < depth and int(fields[1]) > 1:
         found.append(int(fields[1]))
-        fields = _stat(found[-1])
+        fields = stat_fields(found[-1])
     return found
 
 

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, QUARANTINE
 from poison_pipeline.operations.conservation import conservation
-from poison_pipeline.storage.files import cached_column
 from poison_pipeline.storage.intake import accepted_total, ensure_intake
+from poison_pipeline.storage.message_ids import message_ids
 from poison_pipeline.storage.tables import QueueTables
 
 CONSERVATION = "conservation"
@@ -31,7 +31,6 @@ OLDEST_WAITING = "oldest_waiting"
 GROWTH_TABLES: dict[str, tuple[str, ...]] = {POISON_GROWTH: (POISON, QUARANTINE),
                                              DEAD_LETTER_GROWTH: (DEAD_LETTER,)}
 SAMPLE = 20
-_IDS = pa.schema([pa.field("message_id", pa.string())])
 
 
 class Severity(StrEnum):
@@ -70,23 +69,6 @@ def check_conservation(tables: QueueTables) -> CheckOutcome:
     return CheckOutcome(CONSERVATION, INBOUND, Severity.ERROR, difference == 0, description, {
         "accepted": accepted, "accounted": line.accounted, "difference": difference, **terms,
         "line": line.line(received=accepted)})
-
-
-def message_ids(tables: QueueTables, table: str) -> pa.ChunkedArray:
-    """The message ids of a table (repeats kept): one column of the files the log lists, read with
-    pyarrow on its threads; a file already read by an earlier check is taken from the check's cache
-    beside the tables instead (storage/files.cached_column), so a check after a few new enqueues
-    reads those few files, not the thousands before them."""
-    try:
-        target = tables.open(table)
-    except FileNotFoundError:
-        return pa.chunked_array([], pa.string())
-    actions = pa.table(target.get_add_actions(flatten=False))
-    if actions.num_rows == 0:
-        return pa.chunked_array([], pa.string())
-    return cached_column(tables.uri(table), tables.storage_options, actions["path"].to_pylist(),
-                         actions["size_bytes"].to_pylist(), _IDS, "message_id",
-                         tables.work_uri("checks", f"{table}.message_ids.parquet"))
 
 
 def check_one_place(tables: QueueTables) -> CheckOutcome:

@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.storage.enqueue import land, parse_texts
+from poison_pipeline.storage.enqueue import Parsed, land, parse_lines, parse_texts
 
 
 @dataclass(frozen=True)
@@ -56,21 +55,30 @@ def enqueue_lines(declaration: Declaration, queue: str, lines: list[Line],
     by_number = {line.number: line for line in lines}
     raws = pa.array([line.raw for line in lines], pa.large_binary())
     numbers = np.array([line.number for line in lines], dtype=np.int64)
-    return _enqueue(declaration, queue, raws, numbers, by_number.__getitem__, now)
+    parsed, left = parse_texts(raws, numbers, declaration.queue(queue).policy, now or datetime.now(UTC))
+    return _enqueue(declaration, queue, parsed, numbers, left, by_number.__getitem__, now)
 
 
 def enqueue_data(declaration: Declaration, queue: str, data: bytes, now: datetime | None = None) -> FileEnqueued:
-    """`enqueue_lines` over the non-blank lines of a JSON Lines file's bytes, split without a Python
-    object per line."""
-    raws, numbers = _split(data)
-    return _enqueue(declaration, queue, raws, numbers, lambda number: _line(raws, numbers, number), now)
+    """`enqueue_lines` over the non-blank lines of a JSON Lines file's bytes, read where they lie: no
+    Python object and no copy per line."""
+    now = now or datetime.now(UTC)
+    data, starts, ends, numbers = split_data(data)
+    parsed, left = parse_lines(data, starts, ends, numbers, declaration.queue(queue).policy, now)
+
+    def line_of(number: int) -> Line:
+        i = int(np.searchsorted(numbers, number))
+        return Line(number, data[starts[i]:ends[i]])
+
+    return _enqueue(declaration, queue, parsed, numbers, left, line_of, now)
 
 
 _WHITESPACE = np.frombuffer(b" \t\n\r\x0b\x0c", dtype=np.uint8)
 
 
-def _split(data: bytes) -> tuple[pa.Array, np.ndarray]:
-    """The non-blank lines (as `split_lines` finds them, without the newline) and their numbers."""
+def split_data(data: bytes) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+    """The file's bytes ending with a newline, where its non-blank lines (as `split_lines` finds
+    them) start and end (at their newline), and their numbers."""
     if not data.endswith(b"\n"):
         data += b"\n"
     buffer = np.frombuffer(data, dtype=np.uint8)
@@ -82,23 +90,12 @@ def _split(data: bytes) -> tuple[pa.Array, np.ndarray]:
     doubtful = np.flatnonzero(np.isin(buffer[starts], _WHITESPACE))  # an empty line starts at its "\n"
     blank = [i for i in doubtful.tolist() if not data[starts[i]:ends[i]].strip()]
     kept = np.delete(np.arange(len(starts)), blank)
-    # Every line with its newline, end to end over the file's own bytes; then the newline cut.
-    offsets = np.concatenate((starts, [len(buffer)])).astype(np.int64)
-    lines = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts),
-                                             [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    raws = pc.binary_slice(pc.take(lines, pa.array(kept)), 0, -1)
-    return raws, kept + 1
+    return data, starts[kept], ends[kept], kept + 1
 
 
-def _line(raws: pa.Array, numbers: np.ndarray, number: int) -> Line:
-    return Line(number, raws[int(np.searchsorted(numbers, number))].as_py())
-
-
-def _enqueue(declaration: Declaration, queue: str, raws: pa.Array, numbers: np.ndarray,
+def _enqueue(declaration: Declaration, queue: str, parsed: Parsed, numbers: np.ndarray, left: np.ndarray,
              line_of: Callable[[int], Line], now: datetime | None) -> FileEnqueued:
     now = now or datetime.now(UTC)
-    policy = declaration.queue(queue).policy
-    parsed, left = parse_texts(raws, numbers, policy, now)
     refused: list[Refusal] = []
     others: list[tuple[int, Any]] = []
     texts: dict[int, str] = {}

@@ -22,10 +22,11 @@ import pyarrow.compute as pc
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import Envelope, EnvelopeError, parse_envelope, shown
 from poison_pipeline.domain.policy import Policy
+from poison_pipeline.domain.routing import INBOUND
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import StorageFailure
-from poison_pipeline.storage.intake import append_enqueued, enqueued_batch_landed, ensure_intake, settle_intake
-from poison_pipeline.storage.plain_envelopes import plain_envelopes, printable
+from poison_pipeline.storage.intake import append_enqueued, enqueued_batch_landed, opened_intake, settle_intake
+from poison_pipeline.storage.plain_envelopes import joined, plain_lines
 from poison_pipeline.storage.tables import QueueTables
 
 _SLICE_ROWS = 100_000
@@ -84,23 +85,46 @@ def message_rows(envelopes: Iterable[Envelope], batch_id: str, now: datetime) ->
 
 
 def parse_texts(texts: pa.Array, lines: np.ndarray, policy: Policy, now: datetime) -> tuple[Parsed, np.ndarray]:
-    """The vectorised path over texts numbered `lines`: what it read, and which texts it left."""
-    candidates = np.flatnonzero(printable(texts))
-    if len(candidates) == 0:
-        return Parsed.none(), np.ones(len(texts), dtype=bool)
-    chosen = pc.take(texts, pa.array(candidates))
-    # numpy and Arrow's kernels release the GIL: big inputs are read in a slice per core.
-    slices = min(os.cpu_count() or 1, max(1, len(chosen) // _SLICE_ROWS))
-    bounds = np.linspace(0, len(chosen), slices + 1).astype(int)
-    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+    """The vectorised path over texts (no newline in them) numbered `lines`: what it read, and which
+    texts it left."""
+    data, offsets = joined(texts)
+    return parse_lines(data, offsets[:-1], offsets[1:] - 1, np.asarray(lines, dtype=np.int64), policy, now)
+
+
+def parse_lines(data: pa.Buffer | bytes, starts: np.ndarray, ends: np.ndarray, lines: np.ndarray, policy: Policy,
+                now: datetime) -> tuple[Parsed, np.ndarray]:
+    """The vectorised path over the lines `data[starts[i]:ends[i]]`, each followed by a newline in
+    `data` and numbered `lines[i]`: what it read, and which lines it left."""
+    data = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    if len(starts) == 0:
+        return Parsed.none(), np.zeros(0, dtype=bool)
+    # numpy and Arrow's kernels release the GIL: big inputs are read in a slice of lines per core.
+    slices = min(os.cpu_count() or 1, max(1, len(starts) // _SLICE_ROWS))
+    bounds = np.linspace(0, len(starts), slices + 1).astype(int)
+
+    def read(span: tuple[int, int]) -> tuple[np.ndarray, pa.Table]:
+        buffer, offsets = _contiguous(data, starts[span[0]:span[1]], ends[span[0]:span[1]])
+        return plain_lines(buffer, offsets, now, policy.time_to_live, policy.max_body_bytes)
+
     with ThreadPoolExecutor(slices) as pool:
-        parts = list(pool.map(lambda span: plain_envelopes(chosen.slice(span[0], span[1] - span[0]), now,
-                                                           policy.time_to_live, policy.max_body_bytes), spans))
-    read = np.concatenate([mask for mask, _ in parts])
+        parts = list(pool.map(read, zip(bounds[:-1], bounds[1:], strict=True)))
+    read_mask = np.concatenate([mask for mask, _ in parts])
     envelopes = pa.concat_tables([table for _, table in parts])
-    left = np.ones(len(texts), dtype=bool)
-    left[candidates[read]] = False
-    return Parsed(lines[candidates[read]], envelopes), left
+    return Parsed(lines[read_mask], envelopes), ~read_mask
+
+
+def _contiguous(data: pa.Buffer, starts: np.ndarray, ends: np.ndarray) -> tuple[pa.Buffer, np.ndarray]:
+    """The lines, each with its newline, end to end: the data itself when they already are (a file
+    without blank lines), else one copy."""
+    if np.array_equal(starts[1:], ends[:-1] + 1):
+        return data, np.append(starts, ends[-1] + 1)
+    bounds = np.empty(2 * len(starts), dtype=np.int64)
+    bounds[0::2], bounds[1::2] = starts, ends + 1
+    pieces = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * len(starts) - 1,
+                                              [None, pa.py_buffer(bounds), data])
+    lines = pc.take(pieces, pa.array(np.arange(0, 2 * len(starts), 2, dtype=np.int64)))
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset:lines.offset + len(lines) + 1]
+    return lines.buffers()[2], offsets
 
 
 def enqueue(
@@ -117,12 +141,18 @@ def enqueue(
     policy = declaration.queue(queue).policy
     now = now or datetime.now(UTC)
     records = list(records)
-    # A text holding a lone surrogate is no UTF-8 text for Arrow: the per-record path refuses it.
-    texts = [i for i, record in enumerate(records) if isinstance(record, str) and _encodable(record)]
-    parsed, left = parse_texts(pa.array([records[i] for i in texts], pa.large_string()),
-                               np.array(texts, dtype=np.int64) + 1, policy, now)
-    by_record = set(np.array(texts, dtype=np.int64)[~left].tolist()) if texts else set()
-    others = [(i + 1, record) for i, record in enumerate(records) if i not in by_record]
+    # Only printable ASCII lines can be plain: the others (and decoded objects) go per record.
+    texts = [i for i, record in enumerate(records)
+             if isinstance(record, str) and record.isascii() and "\n" not in record]
+    chosen = [records[i] for i in texts]
+    lengths = np.fromiter(map(len, chosen), dtype=np.int64, count=len(chosen))
+    ends = np.cumsum(lengths + 1) - 1
+    numbers = np.array(texts, dtype=np.int64) + 1
+    parsed, left = parse_lines(("\n".join(chosen) + "\n").encode("ascii"), ends - lengths, ends, numbers,
+                               policy, now)
+    by_record = np.zeros(len(records), dtype=bool)
+    by_record[numbers[~left] - 1] = True
+    others = [(i + 1, records[i]) for i in np.flatnonzero(~by_record).tolist()]
     return land(declaration, queue, parsed, others, lambda line: _raw(records[line - 1]), now)
 
 
@@ -159,12 +189,15 @@ def land(declaration: Declaration, queue: str, parsed: Parsed, others: list[tupl
     accepted = table.filter(pa.array(keep))
     if accepted.num_rows:
         tables = QueueTables.of(declaration, queue)
-        tables.ensure()
-        ensure_intake(tables, now)
+        # Only the two tables an enqueue writes are opened; the others are the cycle's to create
+        # (it ensures them all), unless inbound itself is missing: then every table is created here.
+        inbound = tables.open_created(INBOUND)
+        intake = opened_intake(tables, now)
         settle_intake(tables)
         result.batch_id = f"enq-{uuid.uuid4().hex}"
         try:
-            append_enqueued(tables, waiting_rows(accepted, result.batch_id, now), result.batch_id, now)
+            append_enqueued(tables, waiting_rows(accepted, result.batch_id, now), result.batch_id, now,
+                            inbound, intake)
         except StorageFailure as failure:
             raise failure.meaning(_after_failure(tables, result.batch_id, accepted.num_rows)) from failure.__cause__
         result.accepted = accepted.num_rows
@@ -198,16 +231,6 @@ def _raw(record: Any) -> str:
         return shown(record, 1000)
 
 
-def _encodable(text: str) -> bool:
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _decode(record: Any) -> Any:
     if not isinstance(record, str):
         return record
@@ -221,9 +244,10 @@ def _decode(record: Any) -> Any:
 
 def _first_of_each(ids: pa.ChunkedArray) -> np.ndarray:
     """Which rows (in line order) are the first of their id; the others are repeats."""
-    codes = np.asarray(pc.dictionary_encode(ids.combine_chunks()).indices.to_numpy(zero_copy_only=False),
-                       dtype=np.int64)
-    keep = np.zeros(len(codes), dtype=bool)
-    _, first = np.unique(codes, return_index=True)
-    keep[first] = True
-    return keep
+    encoded = pc.dictionary_encode(ids.combine_chunks())
+    if len(encoded.dictionary) == len(encoded):
+        return np.ones(len(encoded), dtype=bool)
+    # Codes are given in order of first appearance: a row is first when its code is a new highest.
+    codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    before = np.concatenate(([-1], np.maximum.accumulate(codes)[:-1]))
+    return codes > before

@@ -16,12 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.fs import DeltaStorageHandler
 
 
-def _local_root(uri: str) -> str | None:
+def local_root(uri: str) -> str | None:
     """The folder of a table on this machine's disk; None for an object store."""
     parsed = urlparse(uri)
     if parsed.scheme == "file":
@@ -36,7 +35,7 @@ def files_dataset(uri: str, storage_options: dict[str, str], paths: Sequence[str
     `schema`: no file is opened before it is read, and columns missing from a file read as nulls.
     `sizes` (as the log gives them) spare an object store a request per file; `__filename` of a
     row is absolute on a local lake (see `log_names`)."""
-    local = _local_root(uri)
+    local = local_root(uri)
     if local is not None:
         return pads.dataset([os.path.join(local, p) for p in paths], schema=schema, format="parquet",
                             filesystem=pafs.LocalFileSystem())
@@ -71,46 +70,3 @@ def log_names(filenames: Sequence[str], paths: Sequence[str]) -> list[str]:
     whatever form the file system gave: Delta names every data file uniquely."""
     names = {os.path.basename(p): p for p in paths}
     return [names[os.path.basename(f)] for f in filenames]
-
-
-_PATH = "path"
-
-
-def cached_column(uri: str, storage_options: dict[str, str], paths: Sequence[str], sizes: Sequence[int],
-                  schema: pa.Schema, column: str, cache: str | None) -> pa.ChunkedArray:
-    """`column` of the files `paths` (as `files_dataset` reads it). With `cache`, a parquet file on
-    this machine's disk, each file's values are kept there once read: Delta never changes a data
-    file once written and never reuses its name, so a file listed again is not opened again, and
-    files the log no longer lists drop out. The cache only ever saves reads: what is returned is
-    the current files' values whatever the cache holds (a missing or unreadable one is rebuilt)."""
-    cache_path = _local_root(cache) if cache else None
-    wanted = pa.array(list(paths), pa.string())
-    known = pa.table({_PATH: pa.array([], pa.string()), column: pa.array([], schema.field(column).type)})
-    if cache_path and os.path.exists(cache_path):
-        try:
-            kept = pq.read_table(cache_path)
-            known = kept.filter(pc.is_in(kept[_PATH], value_set=wanted)).select([_PATH, column])
-        except (OSError, pa.ArrowInvalid, KeyError):
-            pass  # rebuilt below from the files themselves
-    have = set(pc.unique(known[_PATH]).to_pylist()) if known.num_rows else set()
-    new = [(p, s) for p, s in zip(paths, sizes, strict=True) if p not in have]
-    parts = [known]
-    if new:
-        read = files_dataset(uri, storage_options, [p for p, _ in new], [s for _, s in new], schema).to_table(
-            columns=[column, "__filename"])
-        relative = pa.array(log_names(read["__filename"].to_pylist(), [p for p, _ in new]), pa.string())
-        parts.append(pa.table({_PATH: relative, column: read[column]}))
-    found = pa.concat_tables(parts)
-    if cache_path and (new or found.num_rows != _rows(cache_path)):
-        os.makedirs(os.path.dirname(cache_path), exist_ok=True)
-        temporary = f"{cache_path}.{os.getpid()}.tmp"
-        pq.write_table(found, temporary)
-        os.replace(temporary, cache_path)  # a concurrent reader sees the old cache or the new one
-    return found[column]
-
-
-def _rows(path: str) -> int:
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except OSError:
-        return -1

@@ -24,6 +24,7 @@ from deltalake import DeltaTable
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, PROCESSED, QUARANTINE
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import list_files, read_json, remove_file, write_json
+from poison_pipeline.storage.message_ids import note_appended_ids
 from poison_pipeline.storage.tables import INTAKE, PURGED, QueueTables
 
 ENQUEUE = "enqueue"
@@ -53,15 +54,27 @@ def ensure_intake(tables: QueueTables, now: datetime | None = None) -> None:
         record_intake(tables, OPENING, OPENING, opening, now, app_id=_OPENING_APP_ID, version=1)
 
 
+def opened_intake(tables: QueueTables, now: datetime | None = None) -> DeltaTable:
+    """The intake ledger, opened (an append needs it open anyway); created first if missing."""
+    try:
+        return tables.open(INTAKE)
+    except FileNotFoundError:
+        ensure_intake(tables, now)
+        return tables.open(INTAKE)
+
+
 def record_intake(tables: QueueTables, source: str, batch_id: str | None, messages: int,
-                  now: datetime | None = None, app_id: str | None = None, version: int = 0) -> None:
-    """One intake row; with an app id, written once whatever the replays (the data's own app id)."""
+                  now: datetime | None = None, app_id: str | None = None, version: int = 0,
+                  snapshot: DeltaTable | None = None) -> None:
+    """One intake row; with an app id, written once whatever the replays (the data's own app id).
+    `snapshot`: the ledger as `opened_intake` gave it (then it is known to exist)."""
     if messages == 0:
         return
-    ensure_intake(tables, now)
+    if snapshot is None:
+        ensure_intake(tables, now)
     row = {"batch_id": batch_id, "source": source, "messages": messages, "at": now or datetime.now(UTC)}
     tables.append(INTAKE, pa.Table.from_pylist([row], schema=schemas.INTAKE),
-                  app_id=None if app_id is None else f"{app_id}/intake", version=version)
+                  app_id=None if app_id is None else f"{app_id}/intake", version=version, snapshot=snapshot)
 
 
 def accepted_total(tables: QueueTables) -> int | None:
@@ -103,18 +116,21 @@ def _note_uri(tables: QueueTables, batch_id: str) -> str:
     return tables.work_uri(_NOTES, f"{batch_id}.json")
 
 
-def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: datetime) -> None:
+def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: datetime,
+                    inbound: DeltaTable | None = None, intake: DeltaTable | None = None) -> None:
     """Append an enqueued batch to inbound and record its intake, so that a failure between the two
-    commits is repaired by `settle_intake` instead of leaving the conservation check failing."""
+    commits is repaired by `settle_intake` instead of leaving the conservation check failing.
+    `inbound`, `intake`: the tables as the caller just opened them."""
     uri = _note_uri(tables, batch_id)
-    inbound = tables.open(INBOUND)
+    inbound = inbound if inbound is not None else tables.open(INBOUND)
     note = {"batch_id": batch_id, "messages": rows.num_rows, "at": now.isoformat(), "after": inbound.version(),
             "host": socket.gethostname(), "pid": os.getpid(), "written": datetime.now(UTC).isoformat()}
     write_json(uri, note, "noting an enqueue until its intake is recorded")
     _in_flight.add(batch_id)
     try:
         tables.append(INBOUND, rows, metadata={_BATCH_KEY: batch_id}, snapshot=inbound)
-        record_intake(tables, ENQUEUE, batch_id, rows.num_rows, now)
+        note_appended_ids(tables, INBOUND, inbound, note["after"], _BATCH_KEY, batch_id, rows["message_id"])
+        record_intake(tables, ENQUEUE, batch_id, rows.num_rows, now, snapshot=intake)
     finally:
         _in_flight.discard(batch_id)
     # Both commits are made: a note left behind is found counted and removed by the next settle.

@@ -6,19 +6,22 @@ which alone refuses and words the refusal. So this module adds no rule of its ow
 rule to a case that is plain to check on whole columns, and `test_plain_envelopes.py` checks it
 against `parse_envelope` line by line on generated envelopes.
 
+Each line is read once, whole, by pyarrow's JSON reader (the envelope fields with their types, the
+body inferred: that is what proves it one JSON value without repeated keys); the body's bytes are
+then cut out of the line by position. The checks before the read are what make the cut exact.
+
 What it leaves to the per-record path (all still accepted or refused there, only slower): bytes
 outside printable ASCII (tabs and CR aside), backslashes (escapes), `body_base64`, non-empty
 `headers`, `xml`/`binary` bodies, a JSON body that is a string, number or literal or that other
 members follow (the body last is what most producers write), a body whose compact form
 `json.dumps` would write differently (exponents, long or trailing-zero fractions, NaN),
 timestamps other than `YYYY-MM-DD[T ]hh:mm:ss[.f{1,6}][Z|±hh:mm]`, lines with more than 256
-brackets (nesting), and any line pyarrow's JSON
-reader refuses (wrong types, unknown or repeated fields).
+brackets (nesting), lines that do not start with `{`, and any line pyarrow's JSON reader refuses
+(wrong types, unknown or repeated fields).
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -36,7 +39,6 @@ from poison_pipeline.storage import schemas
 # not have (NaN, Infinity).
 _NON_CANONICAL = (r'\d[eE]|-0(?:[^.0-9]|$)|\.\d+0(?:[^0-9]|$)|(?:^|[^0-9])0\.0000|\d{8}\.|\.\d{8}|\d{19}'
                   r'|[A-Zb-dg-kmo-qv-z]')
-_CHUNK_ROWS = 1 << 17
 _MAX_BRACKETS = 256
 _TIMESTAMP = (r'^[1-9]\d{3}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])[T ](?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d'
               r'(?:\.\d{1,6})?')
@@ -53,61 +55,91 @@ _HEAD = pa.schema([
     pa.field("enqueued_at", pa.string()),
     pa.field("expires_at", pa.string()),
     pa.field("sender", pa.string()),
-    # An empty struct reads `{}` and null and refuses any member: non-empty headers go per record.
+    # An empty struct reads `{}` and null; a member makes the reader give it fields: per record.
     pa.field("headers", pa.struct([])),
 ])
 assert set(_HEAD.names) | {"body", "body_base64"} == FIELDS
-_HEAD_AND_BODY = pa.schema([*_HEAD, pa.field("body", pa.int64())])
-_BODY_KEY = '"body":'
+_READ = set(_HEAD.names) | {"body"}
+_BODY_KEY = b'"body":'
+_QUOTE, _OPEN, _CLOSE, _OPEN_LIST, _CLOSE_LIST = (ord(c) for c in '"{}[]')
+_BLANKS = (0x20, 0x09, 0x0D)  # the only bytes below 0x21 a plain line holds (the newline ending it aside)
+# The body's first byte sorts the lines into reads of their own: pyarrow refuses a column that is a
+# string in one line and an object in another.
+_OBJECT, _LIST, _TEXT = 1, 2, 3
 
 
-def plain_envelopes(lines: pa.Array, now: datetime, time_to_live: timedelta | None,
-                    max_body_bytes: int) -> tuple[np.ndarray, pa.Table]:
-    """Which of `lines` (one JSON text each, printable ASCII) are plainly valid, and their envelopes.
+def joined(lines: pa.Array) -> tuple[pa.Buffer, np.ndarray]:
+    """Texts (no newline in them) as lines end to end, each with its newline: their data and offsets."""
+    newline, nothing = pa.scalar(b"\n", pa.large_binary()), pa.scalar(b"", pa.large_binary())
+    together = pc.binary_join_element_wise(pc.fill_null(lines.cast(pa.large_binary()), nothing), newline, nothing)
+    return together.buffers()[2] or pa.py_buffer(b""), _offsets(together)
 
-    Returns a mask over `lines` and, for the lines it marks, the envelope columns of
+
+def plain_lines(data: pa.Buffer, offsets: np.ndarray, now: datetime, time_to_live: timedelta | None,
+                max_body_bytes: int) -> tuple[np.ndarray, pa.Table]:
+    """Which lines are plainly valid, and their envelopes. Line i is `data[offsets[i]:offsets[i + 1]]`
+    and ends with its newline.
+
+    Returns a mask over the lines and, for the lines it marks, the envelope columns of
     `schemas.ENVELOPE_FIELDS` in line order."""
-    texts = lines.cast(pa.large_string())
-    # Without a backslash, a string is written back as it came and every quote opens or closes one.
-    plain = ~_true(pc.match_substring_regex(texts, r'\\|"body_base64"'))
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = len(offsets) - 1
+    if n == 0:
+        return np.zeros(0, dtype=bool), pa.schema(schemas.ENVELOPE_FIELDS).empty_table()
+    raw = np.frombuffer(data, dtype=np.uint8)
+    starts, ends = offsets[:-1], offsets[1:] - 1  # ends: where each line's newline is
+    plain = (ends > starts) & (raw[np.minimum(ends, len(raw) - 1)] == 0x0A)
+    region = raw[offsets[0]:offsets[-1]]
+    # Bytes outside printable ASCII and backslashes (escapes): such a line goes per record.
+    # Below 0x20 or above 0x7E in one comparison: shifted down by 0x20, the former wrap round.
+    outside = (region - np.uint8(0x20)) > 0x5E
+    outside |= region == 0x5C
+    odd = np.flatnonzero(outside) + offsets[0]
+    line = np.searchsorted(offsets, odd, side="right") - 1
+    kinds = raw[odd]
+    plain[line[~np.isin(kinds, _BLANKS) & ((kinds != 0x0A) | (odd != ends[line]))]] = False
     # pyarrow's JSON reader nests a call per level (a line 100,000 levels deep crashed the process)
     # and Python's stops near 1,000: a line with many brackets is left to the per-record path.
-    brackets = sum(np.asarray(pc.count_substring(texts, b).to_numpy(zero_copy_only=False), dtype=np.int64)
-                   for b in "[{")
-    plain &= brackets <= _MAX_BRACKETS
-    # The first `"body":` is cut out: what precedes it, closed with a body of its own, must read as
-    # an object (so the cut was at the top level), and the body, running to the line's last brace,
-    # must read as one JSON value (so nothing follows it). A body followed by other members is left
-    # to the per-record path.
-    key = np.asarray(pc.find_substring(texts, _BODY_KEY).to_numpy(zero_copy_only=False), dtype=np.int64)
+    brackets = np.flatnonzero((region | 0x20) == _OPEN) + offsets[0]  # "[" is "{" without bit 0x20
+    plain &= np.diff(np.searchsorted(brackets, offsets)) <= _MAX_BRACKETS
+
+    first = _skip(raw, starts, ends, +1)
+    last = _skip(raw, ends - 1, starts, -1)
+    plain &= (raw[first] == _OPEN) & (raw[last] == _CLOSE)
+    texts = pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), data])
+    # The first `"body` must be the key `"body":`: then it is the top-level member (the members before
+    # it hold no keys, as the read below proves), and no `body_base64` or `"body" :` comes first.
+    key = np.asarray(pc.find_substring(texts, '"body').to_numpy(zero_copy_only=False), dtype=np.int64)
     has_body = key >= 0
-    length = np.asarray(pc.binary_length(texts).to_numpy(zero_copy_only=False), dtype=np.int64)
-    last_brace = length - 1 - np.asarray(pc.find_substring(pc.binary_reverse(texts.cast(pa.large_binary())),
-                                                           "}").to_numpy(zero_copy_only=False), dtype=np.int64)
-    at = np.where(has_body, key, 0)
-    closed = pc.if_else(has_body, pc.binary_join_element_wise(
-        _segments(texts, np.zeros(len(texts), dtype=np.int64), at), _text(_BODY_KEY + "0}"), _text("")), texts)
-    wrapped = pc.binary_join_element_wise(_text("{"), _segments(texts, at, np.maximum(last_brace + 1, at)), _text(""))
-    rest = pc.utf8_trim_whitespace(_segments(texts, np.minimum(at + len(_BODY_KEY), length),
-                                             np.maximum(last_brace, np.minimum(at + len(_BODY_KEY), length))))
-    ends_with_body = _true(pc.match_substring_regex(texts, r"[}\]]\s*\}\s*$"))
-    json_body = has_body & ends_with_body & _true(pc.match_substring_regex(rest, r"^[\[{]"))
-    text_body = has_body & _true(pc.match_substring_regex(rest, r'^"[^"\\]*"$'))
-    plain &= ~has_body | json_body | text_body
-    # A body spelled otherwise (`"body" :`) was not cut out: such a line is not plain.
-    plain &= has_body | ~_true(pc.match_substring(texts, '"body"'))
+    at = starts + np.where(has_body, key, 0)
+    plain &= ~has_body | _spells(raw, at, ends, _BODY_KEY)
+    body_start = np.where(has_body, _skip(raw, np.minimum(at + len(_BODY_KEY), ends), ends, +1), 0)
+    body_end = np.where(has_body, _skip(raw, np.maximum(last - 1, 0), body_start, -1) + 1, 0)
+    opening, closing = raw[body_start], raw[np.maximum(body_end - 1, 0)]
+    kind = np.where(~has_body, _OBJECT, np.where(opening == _OPEN, _OBJECT, np.where(
+        opening == _OPEN_LIST, _LIST, np.where(opening == _QUOTE, _TEXT, 0))))
+    json_body = has_body & (kind != _TEXT)
+    text_body = has_body & (kind == _TEXT)
+    plain &= kind > 0
+    # Nothing may follow the body: the line's last member ends where the line's last brace begins. A
+    # JSON body must close there with its own bracket; of the other members only `"headers": {}` ends
+    # with a bracket (the read proves it), so a `{}` that is not the body itself closing there is not plain.
+    before_close = _skip(raw, np.maximum(body_end - 2, 0), body_start, -1)
+    plain &= ~json_body | ((body_end - body_start >= 2) & (
+        ((opening == _OPEN) & (closing == _CLOSE) & ((raw[before_close] != _OPEN) | (before_close == body_start)))
+        | ((opening == _OPEN_LIST) & (closing == _CLOSE_LIST))))
+    # A text body: one string, no quote inside it (another member would bring its own).
+    text_rows = np.flatnonzero(plain & text_body)
+    if len(text_rows):
+        inner = _cut(data, body_start[text_rows] + 1, np.maximum(body_end[text_rows] - 1, body_start[text_rows] + 1))
+        quoted = (closing[text_rows] == _QUOTE) & (body_end[text_rows] - body_start[text_rows] >= 2)
+        plain[text_rows] &= quoted & (_numpy(pc.count_substring(inner, '"')) == 0)
 
-    head, parsed = _read(closed, plain, _HEAD_AND_BODY)
-    plain &= parsed
-    body_ok = _valid_bodies(wrapped, plain & json_body)
-    plain &= ~json_body | body_ok
+    head, read = _read_lines(texts, plain, kind)
+    plain &= read
 
-    # The compact form is the body without whitespace outside strings.
-    compact, masked = _compact(rest.cast(pa.large_binary()))
-    plain &= ~json_body | ~_true(pc.match_substring_regex(masked.cast(pa.large_string()), _NON_CANONICAL))
-    text = pc.if_else(text_body, pc.utf8_slice_codeunits(rest, 1, -1), "").cast(pa.large_binary())
-    body = pc.if_else(json_body, compact, text)
-    plain &= _true(pc.less_equal(pc.binary_length(body), max_body_bytes))
+    bodies = _Bodies(data, body_start, body_end, plain & json_body, plain & text_body)
+    plain &= bodies.canonical & (bodies.size <= max_body_bytes)
 
     encoding = pc.if_else(_true(pc.equal(pc.fill_null(head["encoding"], ""), "")),
                           pc.if_else(has_body, "json", "empty"), head["encoding"])
@@ -136,77 +168,126 @@ def plain_envelopes(lines: pa.Array, now: datetime, time_to_live: timedelta | No
         plain &= ~_true(pc.or_(pc.less(moment, pa.scalar(_EARLIEST, schemas.TS)),
                                pc.greater(moment, pa.scalar(_LATEST, schemas.TS))))
 
-    take = pa.array(np.flatnonzero(plain))
+    rows = np.flatnonzero(plain)
+    every, take = len(rows) == n, pa.array(rows)
     columns = {
         "message_id": message_id, "conversation_id": conversation_id, "sequence_number": sequence,
-        "message_type": message_type, "body": body.cast(pa.large_binary()), "encoding": encoding,
+        "message_type": message_type, "encoding": encoding,
         "enqueued_at": enqueued_at, "expires_at": expires_at, "sender": sender,
     }
-    envelopes = pa.table({name: pc.take(column, take) for name, column in columns.items()})
-    no_headers = pa.MapArray.from_arrays(np.zeros(len(take) + 1, dtype=np.int32), pa.array([], pa.string()),
+    envelopes = pa.table({name: column if every else pc.take(column, take) for name, column in columns.items()})
+    envelopes = envelopes.append_column("body", bodies.of(rows))
+    no_headers = pa.MapArray.from_arrays(np.zeros(len(rows) + 1, dtype=np.int32), pa.array([], pa.string()),
                                          pa.array([], pa.string()))
     envelopes = envelopes.append_column("headers", no_headers)
-    return plain, envelopes.cast(pa.schema(schemas.ENVELOPE_FIELDS))
+    return plain, envelopes.select(pa.schema(schemas.ENVELOPE_FIELDS).names).cast(pa.schema(schemas.ENVELOPE_FIELDS))
+
+
+class _Bodies:
+    """The stored bytes of the plain bodies: JSON ones compacted (no whitespace outside strings, which
+    is what `json.dumps(..., separators=(",", ":"))` writes for a canonical body), text ones unquoted."""
+
+    def __init__(self, data: pa.Buffer, starts: np.ndarray, ends: np.ndarray, json_body: np.ndarray,
+                 text_body: np.ndarray) -> None:
+        n = len(starts)
+        self.json_rows, self.text_rows = np.flatnonzero(json_body), np.flatnonzero(text_body)
+        self.compact, masked = _compact(_cut(data, starts[self.json_rows], ends[self.json_rows]))
+        self.text = _cut(data, starts[self.text_rows] + 1, ends[self.text_rows] - 1)
+        self.canonical = np.ones(n, dtype=bool)
+        # A body with any string overwritten by quotes: what its numbers and literals are spelled with.
+        self.canonical[self.json_rows] = ~_true(pc.match_substring_regex(masked, _NON_CANONICAL))
+        self.size = np.zeros(n, dtype=np.int64)
+        self.size[self.json_rows] = np.diff(_offsets(self.compact))
+        self.size[self.text_rows] = np.diff(_offsets(self.text))
+
+    def of(self, rows: np.ndarray) -> pa.Array:
+        """The bodies of `rows` (in line order), without a copy when they are the JSON bodies."""
+        if np.array_equal(rows, self.json_rows):
+            return self.compact
+        # Line i's body: row where[i] of the JSON bodies, then the text ones, then one empty one.
+        where = np.full(len(self.size), len(self.json_rows) + len(self.text_rows), dtype=np.int64)
+        where[self.json_rows] = np.arange(len(self.json_rows))
+        where[self.text_rows] = len(self.json_rows) + np.arange(len(self.text_rows))
+        bodies = pa.concat_arrays([self.compact, self.text, pa.array([b""], pa.large_binary())])
+        return pc.take(bodies, pa.array(where[rows]))
+
+
+def _compact(bodies: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Each body without its whitespace outside strings, and each body with its strings overwritten
+    by quotes (for the number check). Exact for JSON texts without backslashes: each holds an even
+    number of quotes, so the parity of the quotes since the first body's start tells a string's bytes."""
+    offsets = _offsets(bodies)
+    raw = np.frombuffer(bodies.buffers()[2] or b"", dtype=np.uint8)[offsets[0]:offsets[-1]]
+    offsets = offsets - offsets[0]
+    inside = _inside_strings(raw)
+    keep = raw > 0x20
+    keep |= inside
+    # Each body's bytes move back by the blanks dropped before it.
+    kept = offsets - np.searchsorted(np.flatnonzero(~keep), offsets)
+    compact = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1, [
+        None, pa.py_buffer(kept), pa.py_buffer(raw[keep])])
+    masked = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1, [
+        None, pa.py_buffer(offsets), pa.py_buffer(np.where(inside, np.uint8(_QUOTE), raw))])
+    return compact, masked
+
+
+def _inside_strings(raw: np.ndarray) -> np.ndarray:
+    """Per byte, whether an odd number of quotes comes before it or is it: a prefix XOR over the
+    quotes, 64 bytes to a machine word (as simdjson does), instead of a running sum per byte."""
+    bits = np.packbits(raw == _QUOTE, bitorder="little")
+    words = np.concatenate((bits, np.zeros(-len(bits) % 8, dtype=np.uint8))).view(np.uint64)
+    for shift in (1, 2, 4, 8, 16, 32):
+        words ^= words << np.uint64(shift)
+    # Each word's last bit is its quotes' parity: the parity of all the words before it flips it whole.
+    carried = np.cumsum(words >> np.uint64(63), dtype=np.uint8) & 1
+    words ^= np.concatenate(([0], carried[:-1])).astype(np.uint64) * np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+    return np.unpackbits(words.view(np.uint8), count=len(raw), bitorder="little").view(bool)
+
+
+def _offsets(values: pa.Array) -> np.ndarray:
+    """A large binary or string array's offsets into its data buffer."""
+    return np.frombuffer(values.buffers()[1], dtype=np.int64)[values.offset:values.offset + len(values) + 1]
+
+
+def _cut(data: pa.Buffer, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """`data[starts[i]:ends[i]]` for every i (ascending, not overlapping), in one copy: the spans and
+    the gaps between them are consecutive elements over the data, and the spans are taken."""
+    ends = np.maximum(ends, starts)
+    if len(starts) == 0:
+        return pa.array([], pa.large_binary())
+    bounds = np.empty(2 * len(starts), dtype=np.int64)
+    bounds[0::2], bounds[1::2] = starts, ends
+    pieces = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * len(starts) - 1,
+                                              [None, pa.py_buffer(bounds), data])
+    return pc.take(pieces, pa.array(np.arange(0, 2 * len(starts), 2, dtype=np.int64)))
+
+
+def _skip(raw: np.ndarray, positions: np.ndarray, limits: np.ndarray, step: int) -> np.ndarray:
+    """From each position, step over blanks (space, tab, CR) without passing its limit."""
+    positions = np.clip(positions, 0, max(len(raw) - 1, 0)).astype(np.int64)
+    moving = np.flatnonzero(np.isin(raw[positions], _BLANKS) & (positions != limits))
+    while len(moving):  # a producer writes one blank or none: this runs once or twice
+        positions[moving] += step
+        still = np.isin(raw[positions[moving]], _BLANKS) & (positions[moving] != limits[moving])
+        moving = moving[still]
+    return positions
+
+
+def _spells(raw: np.ndarray, at: np.ndarray, ends: np.ndarray, word: bytes) -> np.ndarray:
+    """Whether `word` is spelled at each position, before its line's end."""
+    ok = at + len(word) <= ends
+    for i, byte in enumerate(word):
+        ok &= raw[np.minimum(at + i, len(raw) - 1)] == byte
+    return ok
+
+
+def _numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _true(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A boolean column as a numpy mask, null counting as false."""
     return np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _segments(texts: pa.Array, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
-    """`texts[i][starts[i]:ends[i]]` for every i, in one copy: the slices and the gaps between them
-    are consecutive elements over the texts' own bytes, and the slices are taken."""
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
-    lengths = np.diff(offsets)
-    starts = np.clip(starts, 0, lengths)
-    ends = np.clip(ends, starts, lengths)
-    bounds = np.empty(2 * len(texts), dtype=np.int64)
-    bounds[0::2] = offsets[:-1] + starts
-    bounds[1::2] = offsets[:-1] + ends
-    pieces = pa.LargeStringArray.from_buffers(max(2 * len(texts) - 1, 0), pa.py_buffer(bounds), texts.buffers()[2])
-    return pc.take(pieces, pa.array(np.arange(0, 2 * len(texts), 2, dtype=np.int64)))
-
-
-def _compact(bodies: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Each body without its whitespace outside strings, and each body with its strings overwritten
-    by quotes (for the number check); exact for bodies without backslashes, by the parity of the
-    quotes before each byte."""
-    compact, masked = [], []
-    for start in range(0, len(bodies), _CHUNK_ROWS):
-        chunk = bodies.slice(start, _CHUNK_ROWS)
-        offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
-        data = chunk.buffers()[2]
-        raw = (np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8))
-        raw = raw[offsets[0]:offsets[-1]]
-        starts, lengths = offsets[:-1] - offsets[0], np.diff(offsets)
-        quote = raw == 0x22
-        parity = np.logical_xor.accumulate(quote) if len(raw) else quote
-        # Each body counts its quotes from its own start (a malformed one must not shift the next).
-        before = np.where(starts > 0, parity[np.maximum(starts - 1, 0)], False) if len(raw) else starts > 0
-        inside = parity ^ np.repeat(before, lengths)
-        blank = (raw == 0x20) | (raw == 0x09) | (raw == 0x0A) | (raw == 0x0D)
-        compact.append(_select(raw, starts, lengths, ~(blank & ~inside)))
-        relative = np.concatenate((starts, [len(raw)])).astype(np.int64)
-        masked.append(pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts), [
-            None, pa.py_buffer(relative), pa.py_buffer(np.where(inside, np.uint8(0x22), raw))]))
-    if not compact:
-        return pa.array([], pa.large_binary()), pa.array([], pa.large_binary())
-    return pa.concat_arrays(compact), pa.concat_arrays(masked)
-
-
-def _select(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> pa.Array:
-    """The kept bytes of each segment, as an array of segments."""
-    # Counting the dropped bytes by position is far cheaper than summing a mask per segment.
-    dropped = np.flatnonzero(~keep)
-    kept_lengths = lengths - (np.searchsorted(dropped, starts + lengths) - np.searchsorted(dropped, starts))
-    offsets = np.concatenate(([0], np.cumsum(kept_lengths))).astype(np.int64)
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts),
-                                            [None, pa.py_buffer(offsets), pa.py_buffer(raw[keep])])
-
-
-def _text(value: str) -> pa.Scalar:
-    return pa.scalar(value, pa.large_string())
 
 
 def _optional(values: pa.Array) -> pa.Array:
@@ -234,42 +315,60 @@ def _timestamps(values: pa.Array, plain: np.ndarray) -> tuple[pa.Array, np.ndarr
     return result, fine
 
 
-def _read(texts: pa.Array, wanted: np.ndarray, schema: pa.Schema | None,
-          accept: Callable[[pa.Table], bool] = lambda _: True) -> tuple[pa.Table, np.ndarray]:
-    """Read the wanted texts as JSON Lines (a null row for the others) and which ones read.
-
-    A chunk pyarrow refuses as a whole is halved until the lines it refuses are alone."""
-    rows = np.flatnonzero(wanted)
+def _read_lines(texts: pa.Array, wanted: np.ndarray, kind: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """The envelope fields of the wanted lines (a null row for the others) and which ones read: each
+    kind of body in reads of its own, a line whose body or fields do not read left out."""
     ok = np.zeros(len(texts), dtype=bool)
     pieces: list[tuple[np.ndarray, pa.Table]] = []
-    pending = [rows] if len(rows) else []
+    for body_kind in (_OBJECT, _LIST, _TEXT):
+        rows = np.flatnonzero(wanted & (kind == body_kind))
+        if len(rows):
+            read, found = _read(texts, rows, lambda table, k=body_kind: _vouched(table, k))
+            ok[read] = True
+            pieces += found
+    return _scatter(len(texts), pieces, _HEAD), ok
+
+
+def _vouched(table: pa.Table, kind: int) -> bool:
+    """Whether a read holds envelope fields only, empty headers, and bodies of the expected kind."""
+    if not set(table.column_names) <= _READ or table.schema.field("headers").type != pa.struct([]):
+        return False
+    if "body" not in table.column_names:
+        return True
+    body = table.schema.field("body").type
+    return {_OBJECT: pa.types.is_struct(body) or pa.types.is_null(body),
+            _LIST: pa.types.is_list(body), _TEXT: pa.types.is_string(body)}[kind]
+
+
+def _read(texts: pa.Array, rows: np.ndarray, accept: Callable[[pa.Table], bool]
+          ) -> tuple[np.ndarray, list[tuple[np.ndarray, pa.Table]]]:
+    """Read `rows` of `texts` (lines with their newlines) as JSON Lines; the rows that read, and what
+    they read. A chunk pyarrow refuses as a whole is halved until the lines it refuses are alone."""
+    read: list[np.ndarray] = []
+    pieces: list[tuple[np.ndarray, pa.Table]] = []
+    pending = [rows]
     while pending:
         chunk = pending.pop()
-        table = _read_chunk(pc.take(texts, pa.array(chunk)), schema)
-        if table is not None and accept(table):
-            ok[chunk] = True
+        table = _read_chunk(texts if len(chunk) == len(texts) else pc.take(texts, pa.array(chunk)))
+        if table is not None and table.num_rows == len(chunk) and accept(table):
+            read.append(chunk)
             pieces.append((chunk, table))
         elif len(chunk) > 1:
             half = len(chunk) // 2
             pending += [chunk[half:], chunk[:half]]
-    full = _scatter(len(texts), pieces, schema) if schema is not None else pa.table({})
-    return full, ok
+    return (np.concatenate(read) if read else np.zeros(0, dtype=np.int64)), pieces
 
 
-def _read_chunk(texts: pa.Array, schema: pa.Schema | None) -> pa.Table | None:
-    joined = pc.binary_join_element_wise(texts, _text("\n"), _text("")).cast(pa.large_binary())
-    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64)[joined.offset:joined.offset + len(joined) + 1]
-    start, end = int(offsets[0]), int(offsets[-1])
-    data = joined.buffers()[2]
-    source = pa.py_buffer(memoryview(data)[start:end]) if data is not None else pa.py_buffer(b"")
-    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error" if schema else "infer")
+def _read_chunk(lines: pa.Array) -> pa.Table | None:
+    offsets = _offsets(lines)
+    source = lines.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    options = pj.ParseOptions(explicit_schema=_HEAD, unexpected_field_behavior="infer")
+    # A block must hold a whole line. The caller already runs a read per core.
+    read_options = pj.ReadOptions(use_threads=False, block_size=max(1 << 20, min(source.size + 1, 1 << 30)))
     try:
-        table = pj.read_json(io.BytesIO(source), parse_options=options,
-                             # A block must hold a whole line; blocks are what the reader spreads over cores.
-                             read_options=pj.ReadOptions(block_size=max(1 << 20, min(len(source) + 1, 16 << 20))))
+        return pj.read_json(pa.BufferReader(source), parse_options=options, read_options=read_options)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    return table if table.num_rows == len(texts) else None
 
 
 def _scatter(n: int, pieces: list[tuple[np.ndarray, pa.Table]], schema: pa.Schema) -> pa.Table:
@@ -278,36 +377,9 @@ def _scatter(n: int, pieces: list[tuple[np.ndarray, pa.Table]], schema: pa.Schem
         return pa.table({name: pa.nulls(n, schema.field(name).type) for name in schema.names})
     order = np.concatenate([rows for rows, _ in pieces])
     table = pa.concat_tables([table.select(schema.names).cast(schema) for _, table in pieces])
+    if np.array_equal(order, np.arange(n)):  # every line read, in one piece: nothing to move
+        return table.combine_chunks()
     position = np.full(n, -1, dtype=np.int64)
     position[order] = np.arange(len(order))
     index = pa.array(position, mask=position < 0)
     return pa.table({name: pc.take(table[name], index).combine_chunks() for name in schema.names})
-
-
-def _valid_bodies(wrapped: pa.Array, wanted: np.ndarray) -> np.ndarray:
-    """Which `{"body": ...}` texts hold a body and nothing else, and that body one JSON value."""
-    _, ok = _read(wrapped, wanted, None, accept=lambda table: table.column_names == ["body"])
-    return ok
-
-
-_PRINTABLE = np.zeros(256, dtype=np.uint8)
-_PRINTABLE[[0x09, 0x0D, *range(0x20, 0x7F)]] = 1
-
-
-def printable(texts: pa.Array) -> np.ndarray:
-    """Which texts (string or binary) are one line of printable ASCII (tabs and CR allowed): the only
-    lines the vectorised path looks at."""
-    texts = texts.cast(pa.large_binary())
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
-    data = texts.buffers()[2]
-    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
-    good = _PRINTABLE[raw]
-    lengths = np.diff(offsets)
-    ok = np.ones(len(texts), dtype=bool)
-    solid = np.flatnonzero(lengths > 0)
-    if len(solid):
-        ok[solid] = np.minimum.reduceat(good, offsets[:-1][solid]) == 1
-        # reduceat runs each segment up to the next start: the last one must stop at its own end.
-        tail = offsets[:-1][solid[-1]]
-        ok[solid[-1]] = bool(good[tail:offsets[-1]].min())
-    return ok & _true(texts.is_valid())

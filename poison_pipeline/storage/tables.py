@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -89,20 +90,24 @@ class TableStats:
     next_due: datetime | None
 
 
-def _whole_due_batches(paths: list[str], dues: list[datetime | None], batches: dict[str, set[str | None]],
-                       now: datetime) -> set[str]:
-    """The due files whose batches lie wholly in due files.
+def _whole_due_files(due: np.ndarray, files: np.ndarray, batches: pa.Array) -> np.ndarray:
+    """Which of the files (`due`: whether each is due) to take: the due files whose batches lie
+    wholly in due files. `files[i]` holds batch `batches[i]` (one pair per file and batch in it).
 
     A cycle reads files and removes batches: the two are the same rows only when no batch it takes
-    has rows in a file it does not read. A batch sharing a file with one not yet due waits for it."""
-    due = {path for path, when in zip(paths, dues, strict=True) if when is not None and when <= now}
-    held = {b for path in paths if path not in due for b in batches[path]}
+    has rows in a file it does not read. A batch sharing a file with one not yet due waits for it.
+    On arrays: a table of 10,000 one-batch files is decided without a Python step per file."""
+    pair_due = due[files]
+    held = pc.unique(batches.filter(pa.array(~pair_due)))
     while True:
-        taken = {path for path in due if not batches[path] & held}
-        newly_held = {b for path in due - taken for b in batches[path]} - held
-        if not newly_held:
+        blocked = np.zeros(len(due), bool)
+        blocked[files[pc.is_in(batches, value_set=held).to_numpy(zero_copy_only=False) & pair_due]] = True
+        taken = due & ~blocked
+        waiting = pc.unique(batches.filter(pa.array(pair_due & ~taken[files])))
+        newly = waiting.filter(pc.invert(pc.is_in(waiting, value_set=held)))
+        if len(newly) == 0:
             return taken
-        held |= newly_held
+        held = pa.concat_arrays([held, newly])
 
 
 # An enqueue's append and a cycle's delete of the batches it took touch different files, yet delta-rs
@@ -192,6 +197,15 @@ class QueueTables:
             except Exception:
                 if not DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options):
                     raise
+
+    def open_created(self, table: str) -> DeltaTable:
+        """Open `table`; when it is missing (a first use, or tables deleted), create every table of
+        the queue first. Unlike `ensure`, this costs nothing more than the open once they exist."""
+        try:
+            return self.open(table)
+        except FileNotFoundError:
+            self.ensure()
+            return self.open(table)
 
     def describe(self, table: str) -> str:
         """How an error names a table: `table processed of queue 'orders' at /lake/orders/processed`."""
@@ -296,23 +310,22 @@ class QueueTables:
                             writer_properties=_WRITER)
 
     @staticmethod
-    def _batches_of_files(target: DeltaTable, paths: list[str], firsts: list[str | None],
-                          lasts: list[str | None]) -> dict[str, set[str | None]]:
-        """The batch ids in each file: its statistics name them when a file holds one batch, as every
-        append writes; a file that a rewrite left with several is read (one narrow column)."""
-        batches: dict[str, set[str | None]] = {}
-        mixed = []
-        for path, first, last in zip(paths, firsts, lasts, strict=True):
-            if first is not None and first == last:
-                batches[path] = {first}
-            else:
-                mixed.append(path)
-        if mixed:
+    def _batches_of_files(target: DeltaTable, actions: pa.Table) -> tuple[np.ndarray, pa.Array]:
+        """The batch ids in each file, as (file index, batch id) pairs: its statistics name them when
+        a file holds one batch, as every append writes; a file that a rewrite left with several is
+        read (one narrow column)."""
+        first, last = actions["min.batch_id"].combine_chunks(), actions["max.batch_id"].combine_chunks()
+        single = pc.fill_null(pc.equal(first, last), False).to_numpy(zero_copy_only=False)
+        files, batches = [np.flatnonzero(single)], [first.filter(pa.array(single))]
+        mixed = np.flatnonzero(~single)
+        if len(mixed):
             fragments = {f.path: f for f in target.to_pyarrow_dataset().get_fragments()}
-            for path in mixed:
-                ids = fragments[path].to_table(columns=["batch_id"])["batch_id"]
-                batches[path] = set(pc.unique(ids).to_pylist())
-        return batches
+            paths = actions["path"].to_pylist()
+            for index in mixed:
+                ids = pc.unique(fragments[paths[index]].to_table(columns=["batch_id"])["batch_id"])
+                files.append(np.full(len(ids), index))
+                batches.append(ids)
+        return np.concatenate(files), pa.concat_arrays(batches)
 
     def stats(self, table: str, now: datetime) -> TableStats:
         """Rows, oldest entry and due batches of a table, from the Delta log's file statistics (and
@@ -321,34 +334,31 @@ class QueueTables:
         actions = pa.table(target.get_add_actions(flatten=True))
         if actions.num_rows == 0:
             return TableStats(target.version(), 0, 0, None, 0, (), (), None)
-        rows = actions.column("num_records").to_pylist()
-        columns = set(actions.column_names)
+        rows = actions["num_records"].combine_chunks()
         oldest_col = f"min.{_ARRIVAL.get(table, 'entered_at')}"
-        oldest_col = oldest_col if oldest_col in columns else None
-        oldest_values = [v for v in actions.column(oldest_col).to_pylist() if v] if oldest_col else []
-        due_rows, due_files, next_due = 0, [], None
-        if "max.due_at" in columns:
-            paths = actions.column("path").to_pylist()
-            dues = actions.column("max.due_at").to_pylist()
-            batches = self._batches_of_files(target, paths, actions.column("min.batch_id").to_pylist(),
-                                             actions.column("max.batch_id").to_pylist())
-            taken = _whole_due_batches(paths, dues, batches, now)
-            for path, count, due in zip(paths, rows, dues, strict=True):
-                if path in taken:
-                    due_rows += count
-                    due_files.append(f"{self.uri(table)}/{path}")
-                elif due is not None and due > now:  # a due file held back waits for one of these
-                    next_due = due if next_due is None else min(next_due, due)
-            due_batches = {b for path in taken for b in batches[path]}
-        else:
-            due_batches = set()
+        oldest = pc.min(actions[oldest_col]).as_py() if oldest_col in actions.column_names else None
+        due_rows, due_files, due_batches, next_due = 0, (), (), None
+        if "max.due_at" in actions.column_names:
+            dues = actions["max.due_at"].combine_chunks()
+            due = pc.fill_null(pc.less_equal(dues, pa.scalar(now).cast(dues.type)), False).to_numpy(
+                zero_copy_only=False)
+            files, batches = self._batches_of_files(target, actions)
+            taken = _whole_due_files(due, files, batches)
+            picked = pa.array(taken)
+            due_rows = pc.sum(rows.filter(picked)).as_py() or 0
+            root = self.uri(table)
+            due_files = tuple(f"{root}/{p}" for p in actions["path"].combine_chunks().filter(picked).to_pylist())
+            due_batches = tuple(pc.unique(batches.filter(pa.array(taken[files]))).sort().to_pylist())
+            # A due file held back waits for one of those not due yet.
+            later = pc.fill_null(pc.greater(dues, pa.scalar(now).cast(dues.type)), False)
+            next_due = pc.min(dues.filter(pc.and_(later, pa.array(~taken)))).as_py()
         return TableStats(
             version=target.version(),
-            rows=sum(rows),
+            rows=pc.sum(rows).as_py() or 0,
             files=actions.num_rows,
-            oldest=min(oldest_values) if oldest_values else None,
+            oldest=oldest,
             due_rows=due_rows,
-            due_batches=tuple(sorted(due_batches)),
-            due_files=tuple(due_files),
+            due_batches=due_batches,
+            due_files=due_files,
             next_due=next_due,
         )

@@ -1,0 +1,78 @@
+"""A big cycle's staged results, written by its Spark tasks with pyarrow.
+
+Handing the results back to the JVM to write them would convert every staged column (31 of them,
+bodies included) from Arrow into Spark rows and back into parquet: that alone cost more than the
+plain pass's whole write. Each task writes the Arrow batches its Processor yields to one parquet
+file of its own in the staging folder (shared storage under the lake root, which every worker
+reaches) and returns one row naming it; the driver keeps exactly the files those rows name.
+
+A task writes under a hidden temporary name and renames it when complete, so a task that dies (or
+a retried attempt) never leaves half a file where the commit reads; a file not named by the job
+that succeeded (one a killed earlier run finished late) is removed before the cycle is marked staged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark import TaskContext
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from poison_pipeline.engine.batch import CycleSpec, Processor
+from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes
+from poison_pipeline.storage import schemas
+from poison_pipeline.storage.journal import remove_tree
+from poison_pipeline.storage.uri import fs_of
+
+# What each task writes: the Processor's result and, for the processed ledger, the id hash.
+STAGED = schemas.RESULT.append(pa.field(HASH_COLUMN, pa.int64()))
+_WRITTEN = pa.schema([pa.field("file", pa.string()), pa.field("rows", pa.int64())])
+
+
+class _TaskWriter:
+    """Runs the Processor of one task and writes what it yields; instances live on the executors."""
+
+    def __init__(self, processor: Processor, staging: str, token: str) -> None:
+        self.processor = processor
+        self.staging = staging
+        self.token = token
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        context = TaskContext.get()
+        partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
+        name = f"part-{partition:05d}-{self.token}.parquet"
+        fs, folder = fs_of(self.staging)
+        fs.create_dir(folder, recursive=True)
+        # A leading dot: a dataset read of the folder skips it until the rename.
+        temporary = f"{folder}/.{name}.{attempt}.tmp"
+        rows = 0
+        with pq.ParquetWriter(temporary, STAGED, filesystem=fs) as writer:
+            for result in self.processor(batches):
+                writer.write_batch(_with_hash(result))
+                rows += result.num_rows
+        fs.move(temporary, f"{folder}/{name}")
+        yield pa.RecordBatch.from_pylist([{"file": name, "rows": rows}], schema=_WRITTEN)
+
+
+def _with_hash(result: pa.RecordBatch) -> pa.RecordBatch:
+    # Spark's xxhash64, computed here since the JVM no longer sees the rows (engine/dedup.id_hash).
+    hashes = id_hashes(result.column("message_id").to_pylist())
+    return pa.RecordBatch.from_arrays([*result.columns, hashes], schema=STAGED)
+
+
+def stage_on_spark(batch: DataFrame, spec: CycleSpec, staging: str) -> None:
+    """Deliver `batch` in one Spark job whose tasks write the staged results to `staging`."""
+    remove_tree(staging)  # what a failed delivery left: nothing of it may be committed
+    token = uuid.uuid4().hex[:12]
+    written = batch.mapInArrow(_TaskWriter(Processor(spec), staging, token), from_arrow_schema(_WRITTEN)).collect()
+    keep = {row["file"] for row in written}
+    fs, folder = fs_of(staging)
+    fs.create_dir(folder, recursive=True)  # a batch without rows still stages an empty folder
+    for info in fs.get_file_info(pafs.FileSelector(folder)):
+        if info.base_name not in keep:
+            fs.delete_file(info.path)
