@@ -1,9 +1,10 @@
 """`enqueue`: a JSON Lines file of envelopes into a queue's inbound, one bad line never blocking the rest.
 
-The lines that are plainly valid are read together (`storage.enqueue.parse_texts`); every other
-line is screened here, then checked one by one by `storage.enqueue.land`, which appends the valid
-ones in one commit. Each refusal keeps its line number, its message id (when it has one) and the
-reason, and the refused lines can be written beside the input so that nothing is lost.
+The lines that are plainly valid are read together, straight from the file's bytes
+(`storage.enqueue.parse_lines`; `parse_texts` for lines given as strings); every other line is
+screened here, then checked one by one by `storage.enqueue.land`, which appends the valid ones in
+one commit. Each refusal keeps its line number, its message id (when it has one) and the reason,
+and the refused lines can be written beside the input so that nothing is lost.
 """
 
 from __future__ import annotations
