@@ -115,4 +115,7 @@ def test_the_cli_prints_history_and_inspect_as_of(journey, tmp_path, capsys):
     assert cli.main([*base, "inspect", "m-1", "--as-of", "3"]) == cli.EXIT_USAGE
     assert "needs --table" in capsys.readouterr().err
     assert cli.main([*base, "inspect", "m-1", "--as-of", "yesterday"]) == cli.EXIT_USAGE
+    # A table no message can be in is refused by name, not answered "in no table".
+    assert cli.main([*base, "inspect", "m-1", "--table", "../../x"]) == cli.EXIT_USAGE
+    assert "table '../../x' is not one the message can be in; choose one of" in capsys.readouterr().err
     assert table_versions(declaration) == before

@@ -19,7 +19,7 @@ from poison_pipeline.cli.common import (
     moment,
     print_json,
 )
-from poison_pipeline.operations.inspect_message import AsOfError, format_inspection, inspect_message
+from poison_pipeline.operations.inspect_message import InspectError, format_inspection, inspect_message
 
 
 def add_parser(commands: Commands) -> None:
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         check_queue(declaration, args.queue)
     try:
         found = inspect_message(declaration, args.message_id, args.as_of, args.queue, args.table)
-    except AsOfError as error:
+    except InspectError as error:
         raise UsageError(str(error)) from None
     if found is None:
         when = "" if args.as_of is None else f" as of {args.as_of}"

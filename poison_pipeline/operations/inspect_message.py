@@ -117,7 +117,12 @@ class Inspection:
     as_of: str | None = None
 
 
-class AsOfError(ValueError):
+class InspectError(ValueError):
+    """What the search was asked for cannot be searched: a table the queues do not have, or a
+    time-travel point a table cannot be read at."""
+
+
+class AsOfError(InspectError):
     """A time-travel point a table cannot be read at (no such version, or before the table existed)."""
 
 
@@ -132,11 +137,14 @@ def inspect_message(declaration: Declaration, message_id: str, as_of: AsOf = Non
     are skipped. `queue` and `table` narrow the search."""
     if isinstance(as_of, int) and table is None:
         raise AsOfError("--as-of VERSION needs --table: each table has its own versions")
+    names = [queue] if queue else list(declaration.queues)
+    if table is not None:
+        _check_table(declaration, names, table)
     locations: list[Location] = []
     bodies: list[dict[str, Any]] = []
     attempts: list[AttemptView] = []
     edits: list[EditView] = []
-    for name in [queue] if queue else list(declaration.queues):
+    for name in names:
         tables = QueueTables.of(declaration, name)
         for place in (*tables.waiting, DEAD_LETTER, QUARANTINE, PROCESSED):
             if table is not None and place != table:
@@ -155,6 +163,15 @@ def inspect_message(declaration: Declaration, message_id: str, as_of: AsOf = Non
     shown = None if as_of is None else (f"version {as_of} of {table}" if isinstance(as_of, int)
                                         else as_of.isoformat())
     return Inspection(message_id, tuple(locations), _envelope(bodies), tuple(attempts), tuple(edits), shown)
+
+
+def _check_table(declaration: Declaration, queues: list[str], table: str) -> None:
+    searched = {place for name in queues
+                for place in (*QueueTables.of(declaration, name).waiting, DEAD_LETTER, QUARANTINE, PROCESSED)}
+    searched.add(ATTEMPTS)
+    if table not in searched:
+        raise InspectError(f"table {table!r} is not one the message can be in; choose one of "
+                           f"{', '.join(sorted(searched))}")
 
 
 def _at(tables: QueueTables, table: str, as_of: AsOf) -> DeltaTable | None:
