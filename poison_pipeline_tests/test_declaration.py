@@ -75,3 +75,24 @@ def test_small_cycles_default_to_a_thousand_messages_and_refuse_a_negative_thres
     assert parse_declaration({"lake_root": "/tmp/lake", "queues": queues}).small_cycles.max_messages == 1000
     with pytest.raises(DeclarationError, match=r"small_cycles.max_messages = -1: must be a number of messages"):
         parse_declaration({"lake_root": "/tmp/lake", "queues": queues, "small_cycles": {"max_messages": -1}})
+
+
+def test_credentials_in_spark_settings_are_hidden_where_a_declaration_is_shown():
+    secret, other = "s3cr3t-value-9f2", "s3cr3t-other-4c1"
+    spark = {"config": {"spark.hadoop.fs.s3a.secret.key": secret, "spark.hadoop.fs.s3a.access.key": other,
+                        "spark.sql.shuffle.partitions": "4"}}
+    declaration = parse_declaration({"lake_root": "/x", "spark": spark, "queues": {"q": {"handler": HANDLER}}})
+    shown = repr(declaration) + str(declaration) + repr(declaration.spark)
+    assert secret not in shown and other not in shown
+    # The keys and the settings that are not credentials stay readable: they are what one debugs.
+    assert "spark.hadoop.fs.s3a.secret.key" in shown and "'spark.sql.shuffle.partitions': '4'" in shown
+    assert declaration.spark.config["spark.hadoop.fs.s3a.secret.key"] == secret  # the session still gets it
+    # An error about the declaration shows it without them either.
+    with pytest.raises(DeclarationError) as error:
+        parse_declaration({"lake_root": "/x", "spark": {**spark, "remote": "http://x"},
+                           "queues": {"q": {"handler": HANDLER}}})
+    with pytest.raises(DeclarationError) as whole:
+        parse_declaration({"spark": spark, "queues": {"q": {"handler": HANDLER}}})
+    assert "lake_root" in str(whole.value)
+    for message in (str(error.value), str(whole.value)):
+        assert secret not in message and other not in message, message

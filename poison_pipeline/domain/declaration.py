@@ -38,8 +38,24 @@ def masked(options: object) -> object:
     return {str(k): MASK for k in options} if isinstance(options, dict) else MASK
 
 
+# Spark's own default `spark.redaction.regex`: the config keys whose values Spark hides in its UI
+# and logs; a declaration's repr and its errors hide the same ones.
+_SECRET_KEY = re.compile(r"(?i)secret|password|token|access[.]?key")
+
+
+def redacted(config: object) -> object:
+    """Spark settings as they may be shown: a value whose key names a credential replaced by MASK."""
+    if not isinstance(config, dict):
+        return config
+    return {k: MASK if _SECRET_KEY.search(str(k)) else v for k, v in config.items()}
+
+
 class SparkSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, redacted(value) if name == "config" else value
 
     master: str = "local[*]"
     remote: str | None = None
@@ -266,8 +282,14 @@ def _shown_input(loc: tuple[int | str, ...], value: object) -> object:
     field is about the whole declaration)."""
     if loc[:1] == ("storage_options",):
         return masked(value) if len(loc) == 1 else MASK
+    if loc[:2] == ("spark", "config"):
+        return redacted(value) if len(loc) == 2 else (MASK if _SECRET_KEY.search(str(loc[2])) else value)
+    if loc[:1] == ("spark",) and isinstance(value, dict) and isinstance(value.get("config"), dict):
+        return {**value, "config": redacted(value["config"])}
     if isinstance(value, dict) and "storage_options" in value:
-        return {**value, "storage_options": masked(value["storage_options"])}
+        value = {**value, "storage_options": masked(value["storage_options"])}
+    if isinstance(value, dict) and isinstance(value.get("spark"), dict) and "config" in value["spark"]:
+        value = {**value, "spark": {**value["spark"], "config": redacted(value["spark"]["config"])}}
     return value
 
 
