@@ -80,6 +80,11 @@ def note_rows(cache: str, path: str, rows: pa.Table) -> None:
             os.close(descriptor)
 
 
+def noted_files(cache: str, schema: pa.Schema) -> list[str]:
+    """The files whose rows the notes beside the local `cache` hold, whole records only."""
+    return _read_notes(notes_file(cache), schema).paths
+
+
 @dataclass
 class _Part:
     """Rows of the files `paths`: row i belongs to `paths[files[i]]`."""

@@ -33,6 +33,12 @@ def events_cache(tables: QueueTables, kind: str) -> str:
     return tables.work_uri("sensors", f"{kind}.events")
 
 
+def note_events(tables: QueueTables, path: str, rows: pa.Table) -> None:
+    """Note `rows`, every event of the file `path` just committed, for the sensor of each kind."""
+    for kind in sorted(set(rows["kind"].to_pylist())):
+        note_rows(events_cache(tables, kind), path, rows)
+
+
 def append_events(tables: QueueTables, rows: pa.Table, app_id: str | None = None, version: int = 0,
                   also: Sequence[Transaction] = ()) -> bool:
     """`tables.append(EVENTS, ...)` that also notes the file it committed for the sensors of each
@@ -47,8 +53,7 @@ def append_events(tables: QueueTables, rows: pa.Table, app_id: str | None = None
         if app_id is not None and not any(a.get("txn", {}).get("appId") == app_id
                                            and a["txn"].get("version") == version for a in actions):
             return
-        for kind in sorted(set(rows["kind"].to_pylist())):
-            note_rows(events_cache(tables, kind), path, rows)
+        note_events(tables, path, rows)
 
     return tables.append(EVENTS, rows, app_id=app_id, version=version, also=also, on_commit=note)
 
