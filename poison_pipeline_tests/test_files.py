@@ -19,7 +19,7 @@ from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.checks import check_one_place, message_ids
 from poison_pipeline.operations.maintenance import maintain
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.column_cache import notes_file
+from poison_pipeline.storage.column_cache import note_rows, notes_file
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, queue_state, set_enabled
 from poison_pipeline.storage.events import append_events, events_after, events_cache
 from poison_pipeline.storage.files import files_dataset, rows_where_in
@@ -164,9 +164,10 @@ def test_a_check_takes_the_ids_an_enqueue_noted_and_stays_exact_without_them(mak
     with open(notes, "rb") as handle:
         original = handle.read()
     note_ids(tables, "inbound", _inbound_files(tables)[0], pa.array(["false"]))
+    note_rows(ids_cache(tables, "inbound"), _inbound_files(tables)[1], pa.table({"message_id": [7]}))  # not ids
     with open(notes, "rb") as handle:
         false = handle.read()[len(original):]
-    with open(notes, "wb") as handle:  # ahead of the true notes: one changed on disk, one torn by a crash
+    with open(notes, "wb") as handle:  # ahead of the true notes: changed on disk, of another schema, torn
         handle.write(false.replace(b"false", b"fakes") + false[:len(false) // 2] + original)
     note_ids(tables, "inbound", "part-unknown.parquet", pa.array(["ghost"]))  # a file the log never listed
     with open(ids_cache(tables, "inbound") + ".notes", "w") as handle:  # an older version's notes

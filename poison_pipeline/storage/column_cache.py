@@ -8,8 +8,9 @@ and rewrites them all as one only when they grow many or mostly hold files the l
 Segments are memory-mapped, not decoded, so a call costs what changed since the last one.
 
 Writers note the rows of a file they have just committed (`note_rows`): one framed record (magic,
-length, CRC-32, the file's path, its rows as an Arrow IPC stream) appended to a notes file beside
-the cache, so the first call after 10,000 small commits parses one file instead of opening 10,000.
+length, CRC-32, a digest of the rows' schema, the file's path, its rows as one Arrow IPC record
+batch message) appended to a notes file beside the cache, so the first call after 10,000 small
+commits parses one file instead of opening 10,000.
 
 The cache and the notes only ever save reads: a file listed by the log and missing from both is read;
 a segment that cannot be read is ignored (and dropped by the next rewrite); a note torn by a crash
@@ -19,6 +20,7 @@ fails its CRC and only that file is read; a file held by two segments (two calls
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import struct
@@ -45,10 +47,15 @@ _SUFFIX = ".arrow"
 _MAGIC = b"PPR1"
 _HEADER = struct.Struct("<4sII")  # magic, payload length, CRC-32 of the payload
 _PATH_LENGTH = struct.Struct("<I")
+_DIGEST = 16
 # Rewrite the segments as one past this many, or once the files the log dropped hold more than
 # this share of their rows: both keep a call's read near the size of the live table.
 _MAX_SEGMENTS = 16
 _MAX_DROPPED = 0.25
+
+
+def _digest(schema: pa.Schema) -> bytes:
+    return hashlib.blake2b(schema.remove_metadata().serialize().to_pybytes(), digest_size=_DIGEST).digest()
 
 
 def notes_file(cache: str) -> str:
@@ -64,11 +71,14 @@ def note_rows(cache: str, path: str, rows: pa.Table) -> None:
     cache_path = local_root(cache)
     if cache_path is None:
         return
-    sink = pa.BufferOutputStream()
-    with paipc.new_stream(sink, rows.schema) as writer:
-        writer.write_table(rows)
+    if rows.num_rows == 0:
+        return
+    # The batch alone, without its schema: the reader knows the schema and takes only notes made
+    # with it (the digest), so a note costs it one batch to map, not a stream to open.
+    batch = rows.combine_chunks().to_batches()[0]
     encoded = path.encode()
-    payload = b"".join((_PATH_LENGTH.pack(len(encoded)), encoded, sink.getvalue().to_pybytes()))
+    payload = b"".join((_digest(rows.schema), _PATH_LENGTH.pack(len(encoded)), encoded,
+                        batch.serialize().to_pybytes()))
     # The commit is made: a note that cannot be written (a full disk) only means the file is read.
     with contextlib.suppress(OSError):
         os.makedirs(os.path.dirname(cache_path), exist_ok=True)
@@ -98,21 +108,24 @@ def _empty(schema: pa.Schema) -> _Part:
     return _Part([], np.array([], np.int64), schema.empty_table())
 
 
-def _record(data: bytes, buffer: pa.Buffer, at: int, schema: pa.Schema) -> tuple[str, pa.Table, int] | None:
-    """The note starting at `at`: its file, its rows and where it ends; None when torn or foreign."""
+def _record(data: bytes, buffer: pa.Buffer, at: int, digest: bytes,
+            schema: pa.Schema) -> tuple[str | None, pa.RecordBatch | None, int] | None:
+    """The note starting at `at`: its file, its rows and where it ends (file and rows None for a
+    whole note of another schema); None when torn."""
     if at + _HEADER.size > len(data):
         return None
     _, length, crc = _HEADER.unpack_from(data, at)
     start, end = at + _HEADER.size, at + _HEADER.size + length
-    if end > len(data) or length < _PATH_LENGTH.size or zlib.crc32(memoryview(data)[start:end]) != crc:
+    if end > len(data) or length < _DIGEST + _PATH_LENGTH.size or zlib.crc32(memoryview(data)[start:end]) != crc:
         return None
-    (size,) = _PATH_LENGTH.unpack_from(data, start)
-    body = start + _PATH_LENGTH.size + size
+    if data[start:start + _DIGEST] != digest:
+        return None, None, end
+    (size,) = _PATH_LENGTH.unpack_from(data, start + _DIGEST)
+    body = start + _DIGEST + _PATH_LENGTH.size + size
     try:
-        path = data[start + _PATH_LENGTH.size:body].decode()
-        rows = paipc.open_stream(buffer.slice(body, end - body)).read_all()
-        return path, rows.select(schema.names).cast(schema), end
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, pa.ArrowException):
+        path = data[start + _DIGEST + _PATH_LENGTH.size:body].decode()
+        return path, paipc.read_record_batch(buffer.slice(body, end - body), schema), end
+    except (UnicodeDecodeError, ValueError, pa.ArrowException):
         return None
 
 
@@ -125,20 +138,22 @@ def _read_notes(name: str, schema: pa.Schema) -> _Part:
     except OSError:
         return _empty(schema)
     buffer = pa.py_buffer(data)
-    noted: dict[str, pa.Table] = {}
+    digest = _digest(schema)
+    noted: dict[str, pa.RecordBatch] = {}
     at = data.find(_MAGIC)
     while at >= 0:
-        record = _record(data, buffer, at, schema)
+        record = _record(data, buffer, at, digest, schema)
         if record is None:
             at = data.find(_MAGIC, at + 1)
             continue
         path, rows, end = record
-        noted.setdefault(path, rows)  # a file noted twice holds the same rows
+        if path is not None and rows is not None:
+            noted.setdefault(path, rows)  # a file noted twice holds the same rows
         at = data.find(_MAGIC, end)
     if not noted:
         return _empty(schema)
-    return _Part(list(noted), np.repeat(np.arange(len(noted)), [t.num_rows for t in noted.values()]),
-                 pa.concat_tables(noted.values()))
+    return _Part(list(noted), np.repeat(np.arange(len(noted)), [b.num_rows for b in noted.values()]),
+                 pa.Table.from_batches(noted.values(), schema))
 
 
 def _take_notes(cache_path: str, schema: pa.Schema) -> tuple[_Part, list[str]]:
