@@ -212,9 +212,9 @@ def test_one_place_is_exact_whatever_its_cache_holds(make_declaration):
     assert sorted(message_ids(tables, "inbound").to_pylist()) == rest
     cache = ids_cache(tables, "inbound")
     segment = next(n for n in os.listdir(cache) if n.startswith("seg-"))
-    shutil.copyfile(os.path.join(cache, segment), os.path.join(cache, "seg-copy.parquet"))
-    with open(os.path.join(cache, "seg-torn.parquet"), "wb") as handle:
-        handle.write(b"PAR1 torn")
+    shutil.copyfile(os.path.join(cache, segment), os.path.join(cache, "seg-copy.arrow"))
+    with open(os.path.join(cache, "seg-torn.arrow"), "wb") as handle:
+        handle.write(b"ARROW1\0\0torn")
     send(declaration, {"m0-1": {}})  # enqueued again while its first copy waits in retry_1
     outcome = check_one_place(tables)
     assert not outcome.passed and outcome.metadata["sample"] == ["m0-1: inbound, retry_1"]

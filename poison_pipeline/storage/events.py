@@ -3,6 +3,7 @@ and appending events so that a sensor's first evaluation need not open every eve
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,9 @@ def append_events(tables: QueueTables, rows: pa.Table, app_id: str | None = None
         if app_id is not None and not any(a.get("txn", {}).get("appId") == app_id
                                            and a["txn"].get("version") == version for a in actions):
             return
-        note_events(tables, path, rows)
+        # The events are committed: a note that cannot be made must not fail the cycle.
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+            note_events(tables, path, rows)
 
     return tables.append(EVENTS, rows, app_id=app_id, version=version, also=also, on_commit=note)
 

@@ -4,6 +4,8 @@ leaves of the ids it committed, so that the check need not open the file (a queu
 
 from __future__ import annotations
 
+import contextlib
+
 import pyarrow as pa
 from deltalake import DeltaTable
 
@@ -53,4 +55,6 @@ def note_appended_ids(tables: QueueTables, table: str, target: DeltaTable, befor
     path, actions = added
     info = [a["commitInfo"] for a in actions if "commitInfo" in a]
     if len(info) == 1 and info[0].get(key) == batch_id and len(actions) == 2:
-        note_ids(tables, table, path, ids)
+        # The enqueue is committed: a note that cannot be made must not fail it.
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+            note_ids(tables, table, path, ids)
