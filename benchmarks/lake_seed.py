@@ -40,10 +40,9 @@ from deltalake import DeltaTable, write_deltalake
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.column_cache import note_column
 from poison_pipeline.storage.enqueue import parse_texts, waiting_rows
 from poison_pipeline.storage.intake import _BATCH_KEY, ENQUEUE, ensure_intake
-from poison_pipeline.storage.message_ids import ids_cache
+from poison_pipeline.storage.message_ids import note_ids
 from poison_pipeline.storage.tables import _WRITER, INTAKE, QueueTables
 
 _PART = "_seed_file"
@@ -200,6 +199,6 @@ def seed_enqueues(declaration: Declaration, queue: str, batches: Sequence[Sequen
         names.append({_BATCH_KEY: batch})
     files = seed_appends(tables.uri(INBOUND), inbound, names, scratch_root)
     for name, rows in zip(files, inbound, strict=True):
-        note_column(ids_cache(tables, INBOUND), name, rows["message_id"].to_pylist())
+        note_ids(tables, INBOUND, name, rows["message_id"])
     seed_appends(tables.uri(INTAKE), intake, [None] * len(intake), scratch_root)
     return sum(t.num_rows for t in inbound)

@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 from checks_cost import QUEUE, bench_declaration, fill_failed  # noqa: E402
 from cycle_throughput import emit  # noqa: E402
 from lake_seed import compare_logs, seed_appends, seed_enqueues  # noqa: E402
@@ -47,16 +48,19 @@ from poison_pipeline.domain.declaration import Declaration  # noqa: E402
 from poison_pipeline.domain.routing import INBOUND, PROCESSED  # noqa: E402
 from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes  # noqa: E402
 from poison_pipeline.storage import schemas  # noqa: E402
+from poison_pipeline.storage.column_cache import noted_files, notes_file  # noqa: E402
 from poison_pipeline.storage.control import event_row  # noqa: E402
 from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+from poison_pipeline.storage.events import append_events, events_cache, note_events  # noqa: E402
 from poison_pipeline.storage.intake import record_intake  # noqa: E402
-from poison_pipeline.storage.message_ids import ids_cache  # noqa: E402
+from poison_pipeline.storage.message_ids import IDS, ids_cache, note_ids  # noqa: E402
 from poison_pipeline.storage.tables import EVENTS, INTAKE, QueueTables  # noqa: E402
 
 TARGET_MS = 1000.0
 SEEDED = "seeded.json"
 STATE = "evaluations.json"
 ENQUEUE_NOTES = "enqueue_notes"
+EVENT_NOTES = "event_notes"
 PER_ENQUEUE = 100
 
 
@@ -107,9 +111,12 @@ def seed(declaration: Declaration, workdir: str, messages: int, files: int, fail
     _fill_processed(tables, failed)
     if through_enqueue:
         for table in _events(0, events):
-            tables.append(EVENTS, table)
+            append_events(tables, table)
     else:
-        seed_appends(tables.uri(EVENTS), _events(0, events), [None] * events, workdir)
+        appended = _events(0, events)
+        for name, table in zip(seed_appends(tables.uri(EVENTS), appended, [None] * events, workdir), appended,
+                               strict=True):
+            note_events(tables, name, table)
     return time.perf_counter() - started
 
 
@@ -121,15 +128,16 @@ def seed_differences(workdir: str, seeded: Declaration, enqueues: int, events: i
     for _ in range(enqueues):
         enqueue(reference, QUEUE, _texts(PER_ENQUEUE))
     for table in _events(0, events):
-        tables.append(EVENTS, table)
+        append_events(tables, table)
     mine = QueueTables.of(seeded, QUEUE)
     found = {}
-    notes = []
-    for lake in (tables, mine):
-        with open(ids_cache(lake, INBOUND) + ".notes") as handle:
-            notes.append(sum(1 for _ in handle))
-    found["id_notes"] = [] if notes == [enqueues, len(os.listdir(mine.uri(INBOUND))) - 1] else [
-        f"notes of the one_place check: real {notes[0]} for {enqueues} enqueues, seeded {notes[1]}"]
+    for name, cache, schema, real, seeded_count in (
+            ("id_notes", lambda lake: ids_cache(lake, INBOUND), IDS, enqueues, len(os.listdir(mine.uri(INBOUND))) - 1),
+            ("event_notes", lambda lake: events_cache(lake, MESSAGES_FAILED), schemas.EVENTS, events,
+             len(os.listdir(mine.uri(EVENTS))) - 1)):
+        notes = [len(noted_files(cache(lake), schema)) for lake in (tables, mine)]
+        found[name] = [] if notes == [real, seeded_count] else [
+            f"{name}: real {notes[0]} for {real} commits, seeded {notes[1]} for {seeded_count} files"]
     for table, count in ((INBOUND, enqueues), (INTAKE, enqueues), (EVENTS, events)):
         found[table] = compare_logs(tables.uri(table), mine.uri(table), sorted({1, 2, count // 2, count}))
     shutil.rmtree(os.path.join(workdir, "reference"))
@@ -220,16 +228,23 @@ def run(workdir: str, messages: int, files: int, failed: int, events: int, round
         seeded["reference_s"] = round(time.perf_counter() - started, 1)
         with open(marker, "w") as handle:
             json.dump(seeded, handle)
-    # The first evaluation ever: no cursor, no check cache, and the notes the enqueues left of their
-    # ids (kept aside at seeding: a round takes them into the cache), as 10,000 real enqueues leave
-    # them; `--no-notes` measures a lake whose enqueues left none (an older version's).
-    notes, kept = ids_cache(tables, INBOUND) + ".notes", os.path.join(workdir, ENQUEUE_NOTES)
-    if not os.path.exists(kept) and os.path.exists(notes):
-        shutil.copyfile(notes, kept)
-    shutil.rmtree(tables.work_uri("checks"), ignore_errors=True)
-    if not no_notes and os.path.exists(kept):
-        os.makedirs(tables.work_uri("checks"))
-        shutil.copyfile(kept, notes)
+    # The first evaluation ever: no cursor, no cache, and the notes the enqueues left of their ids
+    # and the cycles of their events (kept aside at seeding: a round takes them into the caches), as
+    # 10,000 real enqueues and 1,000 failing cycles leave them; `--no-notes` measures a lake whose
+    # writers left none (an older version's).
+    for cache, kept in ((ids_cache(tables, INBOUND), ENQUEUE_NOTES), (events_cache(tables, MESSAGES_FAILED),
+                                                                     EVENT_NOTES)):
+        kept = os.path.join(workdir, kept)
+        if not os.path.exists(kept) and os.path.exists(notes_file(cache)):
+            shutil.copyfile(notes_file(cache), kept)
+    _upgrade_kept_notes(tables, workdir)
+    for work in ("checks", "sensors"):
+        shutil.rmtree(tables.work_uri(work), ignore_errors=True)
+    for cache, kept in ((ids_cache(tables, INBOUND), ENQUEUE_NOTES), (events_cache(tables, MESSAGES_FAILED),
+                                                                     EVENT_NOTES)):
+        if not no_notes and os.path.exists(os.path.join(workdir, kept)):
+            os.makedirs(os.path.dirname(cache), exist_ok=True)
+            shutil.copyfile(os.path.join(workdir, kept), notes_file(cache))
     with open(os.path.join(workdir, STATE), "w") as handle:
         json.dump({"cursors": {}, "rows": {}, "requested": {}, "rounds": []}, handle)
     shape = {INBOUND: _log_shape(tables, INBOUND), INTAKE: _log_shape(tables, INTAKE)}
@@ -275,6 +290,30 @@ def run(workdir: str, messages: int, files: int, failed: int, events: int, round
         "load_avg": {"start": list(load_start), "end": list(os.getloadavg())},
         "cpus": os.cpu_count(),
     }
+
+
+def _upgrade_kept_notes(tables: QueueTables, workdir: str) -> None:
+    """A lake kept by an earlier version of this benchmark holds its notes in the older format (JSON
+    lines of ids) and no notes of its events: write them as this version's enqueues and cycles do."""
+    kept = os.path.join(workdir, ENQUEUE_NOTES)
+    if os.path.exists(kept):
+        with open(kept, "rb") as handle:
+            older = handle.read(1) == b"{"
+        if older:
+            cache = ids_cache(tables, INBOUND)
+            shutil.rmtree(tables.work_uri("checks"), ignore_errors=True)
+            with open(kept) as handle:
+                for line in handle:
+                    entry = json.loads(line)
+                    note_ids(tables, INBOUND, entry["path"], pa.array(entry["values"], pa.string()))
+            shutil.move(notes_file(cache), kept)
+    kept = os.path.join(workdir, EVENT_NOTES)
+    if not os.path.exists(kept):
+        cache = events_cache(tables, MESSAGES_FAILED)
+        shutil.rmtree(tables.work_uri("sensors"), ignore_errors=True)
+        for path in pa.table(tables.open(EVENTS).get_add_actions())["path"].to_pylist():
+            note_events(tables, path, pq.read_table(os.path.join(tables.uri(EVENTS), path), schema=schemas.EVENTS))
+        shutil.move(notes_file(cache), kept)
 
 
 def _log_shape(tables: QueueTables, table: str) -> dict[str, Any]:

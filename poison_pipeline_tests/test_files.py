@@ -19,9 +19,11 @@ from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.checks import check_one_place, message_ids
 from poison_pipeline.operations.maintenance import maintain
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.column_cache import note_rows, notes_file
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, queue_state, set_enabled
+from poison_pipeline.storage.events import append_events, events_after, events_cache
 from poison_pipeline.storage.files import files_dataset, rows_where_in
-from poison_pipeline.storage.message_ids import ids_cache
+from poison_pipeline.storage.message_ids import ids_cache, note_ids
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 from poison_pipeline_tests.support import queue, send
 
@@ -88,6 +90,34 @@ def test_a_queue_never_disabled_is_enabled_whatever_its_other_events(make_declar
 
 
 
+def test_a_first_alert_evaluation_takes_the_events_their_writers_noted(make_declaration):
+    """Cycles note the events they append: a sensor's first evaluation (no cursor) opens none of
+    their files and raises exactly what it raises from the files alone (no notes, no cache: an
+    older lake), in the same order; an event nobody noted is read, a replayed append notes nothing."""
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    tables = QueueTables.of(declaration, "q")
+    for seq in range(3):
+        assert append_events(tables, _failed_event(seq), app_id="cycle-app", version=seq)
+    assert not append_events(tables, _failed_event(2), app_id="cycle-app", version=2)
+    tables.append(EVENTS, _failed_event(3))  # written without a note (an older version's cycle)
+    set_enabled(tables, False, "test", "inventory database down")  # another kind
+    noted = [os.path.join(tables.uri(EVENTS), unquote(p)) for p in
+             pa.table(tables.open(EVENTS).get_add_actions())["path"].to_pylist()]
+    noted = [p for p in noted if pq.read_table(p)["cycle_seq"].to_pylist()[0] in (0, 1, 2)]
+    assert len(noted) == 3
+    for path in noted:
+        os.rename(path, path + ".away")
+    first = events_after(tables, None, MESSAGES_FAILED).events
+    again = events_after(tables, None, MESSAGES_FAILED).events  # from the cache the first one left
+    for path in noted:
+        os.rename(path + ".away", path)
+    assert [e.cycle_seq for e in first] == [0, 1, 2, 3]
+    shutil.rmtree(events_cache(tables, MESSAGES_FAILED))
+    assert first == again == events_after(tables, None, MESSAGES_FAILED).events
+    assert [e.kind for e in events_after(tables, None, QUEUE_DISABLED).events] == [QUEUE_DISABLED]
+
+
 def test_one_place_reads_a_file_once_then_follows_the_log(make_declaration, spark):
     """After a first check, a check opens only the files added since (a file already read is not
     opened again: its removal from disk goes unnoticed), drops what the log no longer lists, and
@@ -121,25 +151,34 @@ def _inbound_files(tables: QueueTables) -> list[str]:
 
 def test_a_check_takes_the_ids_an_enqueue_noted_and_stays_exact_without_them(make_declaration):
     """An enqueue notes the ids of the file it committed: the first check reads no file of those
-    enqueues (their files moved away go unnoticed). Notes torn by a crash or naming files that are
-    not in the log change nothing; files nobody noted (compacted by maintenance) are read; a lake
-    without notes (an older version's) gives the same ids; a message enqueued twice is still found."""
+    enqueues (their files moved away go unnoticed). Notes torn by a crash, changed on disk or naming
+    files that are not in the log change nothing, an older version's notes are dropped unread;
+    files nobody noted (compacted by maintenance) are read; a lake without notes (an older
+    version's) gives the same ids; a message enqueued twice is still found."""
     declaration = make_declaration(queue())
     for part in range(3):
         send(declaration, {f"m{part}-{i}": {} for i in range(4)})
     tables = QueueTables.of(declaration, "q")
     expected = sorted(f"m{p}-{i}" for p in range(3) for i in range(4))
-    notes = ids_cache(tables, "inbound") + ".notes"
-    with open(notes, "ab") as handle:  # a torn line, then a note of a file the log never listed
-        handle.write(b'{"path": "part-torn')
-        handle.write(b'\n{"path": "part-unknown.parquet", "values": ["ghost"]}\n')
+    notes = notes_file(ids_cache(tables, "inbound"))
+    with open(notes, "rb") as handle:
+        original = handle.read()
+    note_ids(tables, "inbound", _inbound_files(tables)[0], pa.array(["false"]))
+    note_rows(ids_cache(tables, "inbound"), _inbound_files(tables)[1], pa.table({"message_id": [7]}))  # not ids
+    with open(notes, "rb") as handle:
+        false = handle.read()[len(original):]
+    with open(notes, "wb") as handle:  # ahead of the true notes: changed on disk, of another schema, torn
+        handle.write(false.replace(b"false", b"fakes") + false[:len(false) // 2] + original)
+    note_ids(tables, "inbound", "part-unknown.parquet", pa.array(["ghost"]))  # a file the log never listed
+    with open(ids_cache(tables, "inbound") + ".notes", "w") as handle:  # an older version's notes
+        handle.write('{"path": "part-old.parquet", "values": ["old"]}\n')
     paths = [os.path.join(tables.uri("inbound"), unquote(p)) for p in _inbound_files(tables)]
     for path in paths:
         os.rename(path, path + ".away")
     assert sorted(message_ids(tables, "inbound").to_pylist()) == expected
     for path in paths:
         os.rename(path + ".away", path)
-    assert not os.path.exists(notes)  # taken into the check's cache
+    assert not os.path.exists(notes) and not os.path.exists(ids_cache(tables, "inbound") + ".notes")
     # Compaction rewrites the files under new names nobody noted: they are read.
     maintain(declaration, "q", vacuum=False)
     assert len(_inbound_files(tables)) == 1
@@ -173,9 +212,9 @@ def test_one_place_is_exact_whatever_its_cache_holds(make_declaration):
     assert sorted(message_ids(tables, "inbound").to_pylist()) == rest
     cache = ids_cache(tables, "inbound")
     segment = next(n for n in os.listdir(cache) if n.startswith("seg-"))
-    shutil.copyfile(os.path.join(cache, segment), os.path.join(cache, "seg-copy.parquet"))
-    with open(os.path.join(cache, "seg-torn.parquet"), "wb") as handle:
-        handle.write(b"PAR1 torn")
+    shutil.copyfile(os.path.join(cache, segment), os.path.join(cache, "seg-copy.arrow"))
+    with open(os.path.join(cache, "seg-torn.arrow"), "wb") as handle:
+        handle.write(b"ARROW1\0\0torn")
     send(declaration, {"m0-1": {}})  # enqueued again while its first copy waits in retry_1
     outcome = check_one_place(tables)
     assert not outcome.passed and outcome.metadata["sample"] == ["m0-1: inbound, retry_1"]

@@ -24,8 +24,9 @@ from poison_pipeline.engine.changes import decode_sent
 from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_commit
+from poison_pipeline.storage.events import append_events
 from poison_pipeline.storage.journal import JournalEntry
-from poison_pipeline.storage.tables import ATTEMPTS, EVENTS, NOTIFICATIONS, TRANSMISSION, QueueTables, schema_of
+from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION, QueueTables, schema_of
 
 
 def _staged(entry: JournalEntry) -> pads.Dataset:
@@ -151,9 +152,9 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
     # One commit under the cycle's app transaction: a replay writes neither event again.
     if disables:
         events, state = state_commit(tables, [*disables, *failed], enabled=False)
-        tables.append(EVENTS, events, app_id=app_id, version=entry.seq, also=[state])
+        append_events(tables, events, app_id=app_id, version=entry.seq, also=[state])
     elif failed:
-        tables.append(EVENTS, pa.Table.from_pylist(failed, schema=schemas.EVENTS), app_id=app_id, version=entry.seq)
+        append_events(tables, pa.Table.from_pylist(failed, schema=schemas.EVENTS), app_id=app_id, version=entry.seq)
     tables.remove_batches(entry.table, entry.batches)
     counts: dict[str, float] = {}
     for (_, disposition), count in sorted(summary.items()):

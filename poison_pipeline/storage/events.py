@@ -1,17 +1,22 @@
-"""Rows appended to a queue's events table after a given Delta version, read with delta-rs only."""
+"""Rows appended to a queue's events table after a given Delta version, read with delta-rs only;
+and appending events so that a sensor's first evaluation need not open every event's file."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
+import pyarrow.compute as pc
+from deltalake import DeltaTable, Transaction
 from deltalake.exceptions import DeltaError
 
 from poison_pipeline.domain.alerts import QueueEvent, failures_from_json
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.files import rows_where_in
+from poison_pipeline.storage.column_cache import added_file, cached_rows, note_rows
+from poison_pipeline.storage.files import files_where_in
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 
 
@@ -22,6 +27,38 @@ class NewEvents:
     # False when the commits after the given version could not be read one by one (their log
     # entries were cleaned up, or the table was recreated) and every event of the table came back.
     incremental: bool
+
+
+def events_cache(tables: QueueTables, kind: str) -> str:
+    """Where the rows of the files holding `kind` events are kept between evaluations (column_cache)."""
+    return tables.work_uri("sensors", f"{kind}.events")
+
+
+def note_events(tables: QueueTables, path: str, rows: pa.Table) -> None:
+    """Note `rows`, every event of the file `path` just committed, for the sensor of each kind."""
+    for kind in sorted(set(rows["kind"].to_pylist())):
+        note_rows(events_cache(tables, kind), path, rows)
+
+
+def append_events(tables: QueueTables, rows: pa.Table, app_id: str | None = None, version: int = 0,
+                  also: Sequence[Transaction] = ()) -> bool:
+    """`tables.append(EVENTS, ...)` that also notes the file it committed for the sensors of each
+    kind it holds: a sensor's first evaluation then parses one notes file instead of opening one
+    file per event (a thousand failing cycles, a thousand files). A note is left only when the
+    commit is recognised as this one (its app transaction) adding exactly these rows."""
+    def note(committed: int) -> None:
+        added = added_file(tables.uri(EVENTS), committed, rows.num_rows)
+        if added is None:
+            return
+        path, actions = added
+        if app_id is not None and not any(a.get("txn", {}).get("appId") == app_id
+                                           and a["txn"].get("version") == version for a in actions):
+            return
+        # The events are committed: a note that cannot be made must not fail the cycle.
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+            note_events(tables, path, rows)
+
+    return tables.append(EVENTS, rows, app_id=app_id, version=version, also=also, on_commit=note)
 
 
 def events_version(tables: QueueTables) -> int | None:
@@ -44,6 +81,17 @@ def _committed_after(table: DeltaTable, after: int, current: int, kind: str) -> 
     return sorted(inserted, key=lambda r: (r["_commit_version"], r["at"], r["event_id"]))
 
 
+def _all_of_kind(tables: QueueTables, table: DeltaTable, kind: str) -> list[dict[str, Any]]:
+    """Every `kind` event of the table. Only the files whose statistics may hold one count, and of
+    those only the ones neither noted by their writer nor read by an earlier evaluation are opened."""
+    actions = files_where_in(table, "kind", [kind])
+    if actions.num_rows == 0:
+        return []
+    rows = cached_rows(tables.uri(EVENTS), tables.storage_options, actions["path"].to_pylist(),
+                       actions["size_bytes"].to_pylist(), schemas.EVENTS, events_cache(tables, kind))
+    return rows.filter(pc.equal(rows["kind"], kind)).to_pylist()
+
+
 def events_after(tables: QueueTables, after: int | None, kind: str) -> NewEvents:
     """Events of `kind` committed after version `after` (all of them when `after` is None), oldest first."""
     table = tables.open(EVENTS)
@@ -53,10 +101,7 @@ def events_after(tables: QueueTables, after: int | None, kind: str) -> NewEvents
     rows = _committed_after(table, after, current, kind) if after is not None and after < current else None
     incremental = rows is not None or after is None
     if rows is None:
-        # A first evaluation reads every event of its kind: only the files that may hold one are opened.
-        snapshot = rows_where_in(tables.uri(EVENTS), tables.storage_options, table, "kind", [kind],
-                                 schemas.EVENTS).to_pylist()
-        rows = sorted(snapshot, key=lambda r: (r["at"], r["event_id"]))
+        rows = sorted(_all_of_kind(tables, table, kind), key=lambda r: (r["at"], r["event_id"]))
     events: dict[str, QueueEvent] = {}
     for row in rows:
         events.setdefault(row["event_id"], QueueEvent(

@@ -49,20 +49,25 @@ def rows_where_in(uri: str, storage_options: dict[str, str], target: DeltaTable,
     """The rows of the table whose `column` is one of `values` (short strings), with the columns of
     `schema`: only files whose log statistics may hold one of them are opened, so a lookup in a
     table of thousands of one-commit files reads none or a few. A file without statistics is read."""
-    actions = pa.table(target.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return schema.empty_table()
-    low, high = f"min.{column}", f"max.{column}"
-    if low in actions.column_names and high in actions.column_names:
-        mask = pc.or_(pc.is_null(actions[low]), pc.is_null(actions[high]))
-        for value in values:
-            mask = pc.or_(mask, pc.and_(pc.less_equal(actions[low], value), pc.greater_equal(actions[high], value)))
-        actions = actions.filter(mask)
+    actions = files_where_in(target, column, values)
     if actions.num_rows == 0:
         return schema.empty_table()
     dataset = files_dataset(uri, storage_options, actions["path"].to_pylist(), actions["size_bytes"].to_pylist(),
                             schema)
     return dataset.to_table(filter=pc.field(column).isin(list(values)))
+
+
+def files_where_in(target: DeltaTable, column: str, values: Sequence[str]) -> pa.Table:
+    """The add actions (flattened) of the files whose log statistics may hold one of `values` in
+    `column`; a file without statistics may."""
+    actions = pa.table(target.get_add_actions(flatten=True))
+    low, high = f"min.{column}", f"max.{column}"
+    if actions.num_rows == 0 or low not in actions.column_names or high not in actions.column_names:
+        return actions
+    mask = pc.or_(pc.is_null(actions[low]), pc.is_null(actions[high]))
+    for value in values:
+        mask = pc.or_(mask, pc.and_(pc.less_equal(actions[low], value), pc.greater_equal(actions[high], value)))
+    return actions.filter(mask)
 
 
 def log_names(filenames: Sequence[str], paths: Sequence[str]) -> list[str]:

@@ -5,14 +5,11 @@ leaves of the ids it committed, so that the check need not open the file (a queu
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from poison_pipeline.storage.column_cache import cached_column, note_column
-from poison_pipeline.storage.files import local_root
+from poison_pipeline.storage.column_cache import added_file, cached_rows, note_rows
 from poison_pipeline.storage.tables import QueueTables
 
 IDS = pa.schema([pa.field("message_id", pa.string())])
@@ -34,8 +31,13 @@ def message_ids(tables: QueueTables, table: str) -> pa.ChunkedArray:
     actions = pa.table(target.get_add_actions(flatten=False))
     if actions.num_rows == 0:
         return pa.chunked_array([], pa.string())
-    return cached_column(tables.uri(table), tables.storage_options, actions["path"].to_pylist(),
-                         actions["size_bytes"].to_pylist(), IDS, "message_id", ids_cache(tables, table))
+    return cached_rows(tables.uri(table), tables.storage_options, actions["path"].to_pylist(),
+                       actions["size_bytes"].to_pylist(), IDS, ids_cache(tables, table))["message_id"]
+
+
+def note_ids(tables: QueueTables, table: str, path: str, ids: pa.Array | pa.ChunkedArray) -> None:
+    """Note `ids`, every message id of the data file `path` just committed to `table`, for the check."""
+    note_rows(ids_cache(tables, table), path, pa.table({"message_id": ids}).cast(IDS))
 
 
 def note_appended_ids(tables: QueueTables, table: str, target: DeltaTable, before: int, key: str, batch_id: str,
@@ -44,17 +46,15 @@ def note_appended_ids(tables: QueueTables, table: str, target: DeltaTable, befor
     `ids` under `batch_id` (commit info `key`): note them for the check when that commit is found
     to have added exactly one file of exactly those rows. On a local lake only; anything unexpected
     (a retried commit on another handle, several files, an unreadable log) just leaves no note."""
-    root = local_root(tables.uri(table))
     version = target.version()
-    if root is None or version <= before:
+    if version <= before:
         return
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        with open(os.path.join(root, "_delta_log", f"{version:020d}.json")) as handle:
-            actions = [json.loads(line) for line in handle if line.strip()]
-        info = [a["commitInfo"] for a in actions if "commitInfo" in a]
-        adds = [a["add"] for a in actions if "add" in a]
-        if len(info) != 1 or info[0].get(key) != batch_id or len(adds) != 1 or len(actions) != 2:
-            return
-        if json.loads(adds[0]["stats"])["numRecords"] != len(ids):
-            return
-        note_column(ids_cache(tables, table), adds[0]["path"], ids.to_pylist())
+    added = added_file(tables.uri(table), version, len(ids))
+    if added is None:
+        return
+    path, actions = added
+    info = [a["commitInfo"] for a in actions if "commitInfo" in a]
+    if len(info) == 1 and info[0].get(key) == batch_id and len(actions) == 2:
+        # The enqueue is committed: a note that cannot be made must not fail it.
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+            note_ids(tables, table, path, ids)

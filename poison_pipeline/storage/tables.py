@@ -232,11 +232,11 @@ class QueueTables:
 
     def append(self, table: str, data: Any, app_id: str | None = None, version: int = 0,
                also: Sequence[Transaction] = (), metadata: dict[str, str] | None = None,
-               snapshot: DeltaTable | None = None) -> bool:
+               snapshot: DeltaTable | None = None, on_commit: Callable[[int], None] | None = None) -> bool:
         """Append `data`; with an app id, once only: a replay of a committed version writes nothing.
         `also` are further app transactions recorded by the same commit, `metadata` goes into its
         commit info (the log's history shows it). `snapshot`: the table as the caller just opened it
-        (loading a long log again costs milliseconds)."""
+        (loading a long log again costs milliseconds). `on_commit` is called with the version committed."""
         def once(attempt: int) -> bool:
             self.check_lease()
             target = snapshot if snapshot is not None and attempt == 0 else self.open(table)
@@ -260,6 +260,8 @@ class QueueTables:
                     # A table made by an earlier version gains the columns added since (redrive_count).
                     schema_mode="merge",
                 )
+            if on_commit is not None:
+                on_commit(target.version())
             return True
 
         # A stream is read once by the write: only a table can be written again.
