@@ -5,10 +5,13 @@ Data (not timed): `--messages` envelopes written as a JSON Lines file the way a 
 - `floor`: pyarrow's JSON reader over the file and one `write_deltalake` of what it read (same row
   group size as the product): the fastest honest way to land those lines in a Delta table, with no
   validation at all;
-- `python`: `storage.enqueue.enqueue(declaration, queue, path.read_text().splitlines())`;
+- `python_file`: `storage.enqueue.enqueue(declaration, queue, path)`, the Python API given the file;
+- `python`: `storage.enqueue.enqueue(declaration, queue, path.read_text().splitlines())`, the Python
+  API given the lines as texts (reading and splitting the file included);
 - `cli`: `poison-pipeline enqueue FILE --queue Q` in a subprocess (its interpreter start included).
-Prints one JSON line: msg/s of each, their ratios to the floor, the 200,000 msg/s target, and the
-CPU seconds of each (all threads; the CLI's from its process): on a shared machine the wall
+Prints one JSON line: msg/s of each, their ratios to the floor, the 200,000 msg/s target (met when
+the CLI and the Python API given the file reach it; `within_target_lines` says it of the texts),
+and the CPU seconds of each (all threads; the CLI's from its process): on a shared machine the wall
 clock says little, the CPU seconds say what the work costs.
 """
 
@@ -63,10 +66,10 @@ def _floor(source: Path, target: Path) -> tuple[float, float]:
     return time.perf_counter() - started, time.process_time() - cpu
 
 
-def _python(source: Path, folder: Path, messages: int) -> tuple[float, float]:
-    declaration = parse_declaration(json.loads(_config(folder, "python").read_text()))
+def _python(source: Path, folder: Path, messages: int, given_file: bool) -> tuple[float, float]:
+    declaration = parse_declaration(json.loads(_config(folder, "python_file" if given_file else "python").read_text()))
     started, cpu = time.perf_counter(), time.process_time()
-    result = enqueue(declaration, QUEUE, source.read_text().splitlines())
+    result = enqueue(declaration, QUEUE, source if given_file else source.read_text().splitlines())
     elapsed, spent = time.perf_counter() - started, time.process_time() - cpu
     assert result.accepted == messages and not result.refused, (result.accepted, result.refused[:3])
     return elapsed, spent
@@ -94,20 +97,26 @@ def measure(messages: int) -> Any:
         folder = Path(workdir)
         source = folder / "envelopes.jsonl"
         write_envelopes(source, messages)
-        (floor, floor_cpu), (python, python_cpu) = _floor(source, folder / "floor"), _python(source, folder, messages)
+        floor, floor_cpu = _floor(source, folder / "floor")
+        python_file, python_file_cpu = _python(source, folder, messages, given_file=True)
+        python, python_cpu = _python(source, folder, messages, given_file=False)
         cli, cli_cpu = _cli(source, folder, messages)
         rates = {name: round(messages / seconds) for name, seconds in
-                 (("floor", floor), ("python", python), ("cli", cli))}
+                 (("floor", floor), ("python_file", python_file), ("python", python), ("cli", cli))}
         return {
             "benchmark": "enqueue_throughput",
             "messages": messages,
             "file_bytes": source.stat().st_size,
-            "seconds": {"floor": round(floor, 3), "python": round(python, 3), "cli": round(cli, 3)},
+            "seconds": {"floor": round(floor, 3), "python_file": round(python_file, 3), "python": round(python, 3),
+                        "cli": round(cli, 3)},
             "msg_per_s": rates,
-            "ratio_to_floor": {"python": round(python / floor, 2), "cli": round(cli / floor, 2)},
-            "cpu_seconds": {"floor": round(floor_cpu, 2), "python": round(python_cpu, 2), "cli": round(cli_cpu, 2)},
+            "ratio_to_floor": {"python_file": round(python_file / floor, 2), "python": round(python / floor, 2),
+                               "cli": round(cli / floor, 2)},
+            "cpu_seconds": {"floor": round(floor_cpu, 2), "python_file": round(python_file_cpu, 2),
+                            "python": round(python_cpu, 2), "cli": round(cli_cpu, 2)},
             "target_msg_per_s": TARGET,
-            "within_target": rates["python"] >= TARGET and rates["cli"] >= TARGET,
+            "within_target": rates["python_file"] >= TARGET and rates["cli"] >= TARGET,
+            "within_target_lines": rates["python"] >= TARGET,
             "cpus": os.cpu_count(),
             "load_avg": {"start": load_start, "end": os.getloadavg()},
         }
