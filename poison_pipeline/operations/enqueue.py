@@ -3,8 +3,9 @@
 The lines that are plainly valid are read together, straight from the file's bytes
 (`storage.enqueue.land_data`, which the Python API's `enqueue` of a path or bytes runs too;
 `parse_texts` for lines given one by one); every other line is checked one by one by
-`storage.enqueue.land_lines`, which appends the valid ones in one commit. Each refusal keeps its line number, its message id (when it has one) and the reason,
-and the refused lines can be written beside the input so that nothing is lost.
+`storage.enqueue.land_lines`, which appends the valid ones in one commit. Each refusal keeps its
+line number, its message id (when it has one) and the reason, and the refused lines can be
+written beside the input so that nothing is lost.
 """
 
 from __future__ import annotations

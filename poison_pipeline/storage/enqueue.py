@@ -252,7 +252,7 @@ def land(declaration: Declaration, queue: str, parsed: Parsed, others: list[tupl
         error = f"message_id: {message_id!r} appears twice in this batch"
         result.refused.append(Refusal(line, message_id, error, raw_of(line)[:1000]))
     result.refused.sort(key=lambda refusal: refusal.line)
-    accepted = table.filter(pa.array(keep))
+    accepted = table if keep.all() else table.filter(pa.array(keep))  # a filter copies every body
     if accepted.num_rows:
         tables = QueueTables.of(declaration, queue)
         # Only the two tables an enqueue writes are opened; the others are the cycle's to create
