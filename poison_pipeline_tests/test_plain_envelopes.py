@@ -215,7 +215,7 @@ def test_the_file_splitter_finds_the_lines_split_lines_finds(monkeypatch):
     from poison_pipeline.storage.jsonl import newlines
 
     many = np.frombuffer(random.Random(3).randbytes(50_000), dtype=np.uint8)
-    monkeypatch.setattr("poison_pipeline.storage.jsonl._PARALLEL_BYTES", 1000)
+    monkeypatch.setattr("poison_pipeline.storage.jsonl._CHUNK_BYTES", 1000)
     for cores in (2, 3, 7):
         monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
         assert np.array_equal(newlines(many), np.flatnonzero(many == 0x0A))
