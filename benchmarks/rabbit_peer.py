@@ -142,17 +142,22 @@ def poison_count(channel: Any) -> int:
     return int(channel.queue_declare(POISON_QUEUE, passive=True).method.message_count)
 
 
-def publish(port: int, messages: int, go: Event, done: Any) -> None:
+def publish(port: int, messages: int, go: Event, done: Any, ready: Any) -> None:
     """Publish `messages` persistent messages with confirms, at most CONFIRM_WINDOW unconfirmed;
-    `done` gets the seconds from `go` to the last confirm."""
+    `done` gets the seconds from `go` to the last confirm. The messages are built before `ready`
+    counts this publisher (as the enqueue side's lines are built before its clock starts)."""
+    bodies = [body_of(i) for i in range(messages)]
+    properties = [pika.BasicProperties(delivery_mode=2, content_type="application/json", type="bench.order",
+                                       message_id=f"m-{i:09d}") for i in range(messages)]
+    with ready.get_lock():
+        ready.value += 1
     parameters = pika.ConnectionParameters("127.0.0.1", port, heartbeat=0)
     state = {"next": 0, "confirmed": 0, "started": 0.0}
 
     def fill(channel: Any) -> None:
         while state["next"] < messages and state["next"] - state["confirmed"] < CONFIRM_WINDOW:
             i = state["next"]
-            channel.basic_publish("", QUEUE, body_of(i), pika.BasicProperties(
-                delivery_mode=2, content_type="application/json", type="bench.order", message_id=f"m-{i:09d}"))
+            channel.basic_publish("", QUEUE, bodies[i], properties[i])
             state["next"] += 1
 
     def on_confirm(frame: Any) -> None:

@@ -8,11 +8,12 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.operations.enqueue import _screen, enqueue_data
-from poison_pipeline.storage.enqueue import Parsed, envelope_table, land
+from poison_pipeline.storage.enqueue import Parsed, _ascii_lines, enqueue, envelope_table, land
 from poison_pipeline.storage.plain_envelopes import joined, plain_lines
 from poison_pipeline_tests.support import queue, rows
 
@@ -156,10 +157,69 @@ def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration, m
     assert landed("q") == landed("r")
 
 
-def test_the_file_splitter_finds_the_lines_split_lines_finds():
+def _landed(declaration: Any, name: str) -> list[dict[str, Any]]:
+    return sorted(({k: v for k, v in row.items() if k != "batch_id"} for row in rows(declaration, "inbound", name)),
+                  key=lambda row: row["message_id"])
+
+
+def test_the_python_api_given_a_file_reads_it_as_the_cli_does(make_declaration, tmp_path) -> None:
+    """`enqueue(declaration, q, path)` and `enqueue(declaration, q, data)`: the lines numbered as in
+    the file (blank ones counted), a line that is not UTF-8 refused, each refusal quoting its line."""
+    texts = _lines(1200, seed=13)
+    data = ("\n".join(texts[:600]) + "\n\n \t\n" + "\n".join(texts[600:])).encode("utf-8", "surrogatepass")
+    data += b'\n{"message_id":"latin","message_type":"t","body":"caf\xe9"}\n'
+    path = tmp_path / "envelopes.jsonl"
+    path.write_bytes(data)
+    spec = queue(time_to_live="1h", max_body_bytes=300)["q"]
+    declaration = make_declaration({name: spec for name in ("cli", "path", "bytes")})
+
+    cli = enqueue_data(declaration, "cli", data, now=NOW)
+    given_path, given_bytes = enqueue(declaration, "path", path, now=NOW), enqueue(declaration, "bytes", data, now=NOW)
+
+    expected = [(r.line.number, r.message_id, r.error, r.line.raw.decode("utf-8", "replace")[:1000])
+                for r in cli.refused]
+    assert expected[-1][:3] == (1203, None, "not valid UTF-8 at byte 52 (send binary bodies base64-encoded in "
+                                "body_base64 with encoding 'binary')")
+    for result in (given_path, given_bytes):
+        assert [(r.line, r.message_id, r.error, r.record) for r in result.refused] == expected
+        assert result.accepted == cli.accepted > 300
+    assert _landed(declaration, "path") == _landed(declaration, "bytes") == _landed(declaration, "cli")
+
+
+def test_a_list_of_texts_is_read_together_and_refused_as_record_by_record(make_declaration) -> None:
+    """ASCII texts are joined into one buffer (no work per text); a list with anything else falls
+    back to sorting the texts one by one. Either way each record is landed or refused as the
+    per-record path alone would."""
+    texts = [text for text in _lines(1500, seed=17) if text.isascii()]
+    mixed = [*texts[:700], {"message_id": "decoded", "message_type": "t"}, "caf\u00e9", *texts[700:]]
+    assert _ascii_lines(texts) is not None and _ascii_lines(mixed) is None
+    spec = queue(time_to_live="1h", max_body_bytes=300)["q"]
+    declaration = make_declaration({name: spec for name in ("joined", "mixed", "alone", "mixed_alone")})
+
+    for records, name, alone in ((texts, "joined", "alone"), (mixed, "mixed", "mixed_alone")):
+        result = enqueue(declaration, name, records, now=NOW)
+        baseline = land(declaration, alone, Parsed.none(), list(enumerate(records, start=1)),
+                        lambda n, records=records: records[n - 1] if isinstance(records[n - 1], str)
+                        else json.dumps(records[n - 1]), NOW)
+        assert [(r.line, r.message_id, r.error, r.record) for r in result.refused] == \
+            [(r.line, r.message_id, r.error, r.record) for r in baseline.refused]
+        assert result.accepted == baseline.accepted > 300
+        assert _landed(declaration, name) == _landed(declaration, alone)
+
+
+def test_the_file_splitter_finds_the_lines_split_lines_finds(monkeypatch):
     """The bytes splitter of `enqueue_data` keeps exactly the non-blank lines, numbered as an editor
-    shows them: whitespace-only lines of every kind, empty lines, no final newline."""
+    shows them: whitespace-only lines of every kind, empty lines, no final newline; a big file is
+    searched for newlines a chunk per core."""
     from poison_pipeline.operations.enqueue import split_data, split_lines
+    from poison_pipeline.storage.jsonl import newlines
+
+    many = np.frombuffer(random.Random(3).randbytes(50_000), dtype=np.uint8)
+    monkeypatch.setattr("poison_pipeline.storage.jsonl._CHUNK_BYTES", 1000)
+    for cores in (2, 3, 7):
+        monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
+        assert np.array_equal(newlines(many), np.flatnonzero(many == 0x0A))
+    monkeypatch.undo()
 
     rng = random.Random(5)
     alphabet = [b" ", b"\t", b"\r", b"\x0b", b"\x0c", b"{", b"}", b"a", b"\xff", b"\n", b"\n"]

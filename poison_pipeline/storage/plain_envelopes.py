@@ -33,7 +33,7 @@ import pyarrow.json as pj
 from poison_pipeline.domain.envelope import ENCODINGS, FIELDS, TEXT_LIMIT
 from poison_pipeline.storage import schemas
 
-# In a body with its strings overwritten: number spellings `json.dumps` would not write back the same (an
+# In a body with its strings hidden: number spellings `json.dumps` would not write back the same (an
 # exponent, -0, a fraction ending in 0 other than .0, below 1e-4, more digits than a float keeps,
 # integers long enough to meet Python's digit limit), and any letter that true, false and null do
 # not have (NaN, Infinity).
@@ -194,7 +194,7 @@ class _Bodies:
         self.compact, masked = _compact(_cut(data, starts[self.json_rows], ends[self.json_rows]))
         self.text = _cut(data, starts[self.text_rows] + 1, ends[self.text_rows] - 1)
         self.canonical = np.ones(n, dtype=bool)
-        # A body with any string overwritten by quotes: what its numbers and literals are spelled with.
+        # A body with its strings hidden: what its numbers and literals are spelled with.
         self.canonical[self.json_rows] = ~_true(pc.match_substring_regex(masked, _NON_CANONICAL))
         self.size = np.zeros(n, dtype=np.int64)
         self.size[self.json_rows] = np.diff(_offsets(self.compact))
@@ -213,8 +213,8 @@ class _Bodies:
 
 
 def _compact(bodies: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Each body without its whitespace outside strings, and each body with its strings overwritten
-    by quotes (for the number check). Exact for JSON texts without backslashes: each holds an even
+    """Each body without its whitespace outside strings, and each body with its strings' bytes
+    moved above ASCII (for the number check). Exact for JSON texts without backslashes: each holds an even
     number of quotes, so the parity of the quotes since the first body's start tells a string's bytes."""
     offsets = _offsets(bodies)
     raw = np.frombuffer(bodies.buffers()[2] or b"", dtype=np.uint8)[offsets[0]:offsets[-1]]
@@ -226,8 +226,12 @@ def _compact(bodies: pa.Array) -> tuple[pa.Array, pa.Array]:
     kept = offsets - np.searchsorted(np.flatnonzero(~keep), offsets)
     compact = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1, [
         None, pa.py_buffer(kept), pa.py_buffer(raw[keep])])
+    # A string's bytes moved above ASCII: no digit, letter, dot or minus is left in it for the
+    # check to read, and its neighbours outside (quotes, punctuation) stay what they were.
+    hidden = np.left_shift(inside.view(np.uint8), 7)
+    hidden |= raw
     masked = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1, [
-        None, pa.py_buffer(offsets), pa.py_buffer(np.where(inside, np.uint8(_QUOTE), raw))])
+        None, pa.py_buffer(offsets), pa.py_buffer(hidden)])
     return compact, masked
 
 
