@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.operations.enqueue import _screen, enqueue_data
@@ -184,6 +185,11 @@ def test_the_python_api_given_a_file_reads_it_as_the_cli_does(make_declaration, 
         assert [(r.line, r.message_id, r.error, r.record) for r in result.refused] == expected
         assert result.accepted == cli.accepted > 300
     assert _landed(declaration, "path") == _landed(declaration, "bytes") == _landed(declaration, "cli")
+    # A path given as a plain string would be read as its characters, each refused as a record.
+    with pytest.raises(TypeError, match=r"records is one string \(.*: pass a list of JSON texts, or a JSON "
+                                        "Lines file as a pathlib.Path"):
+        enqueue(declaration, "path", str(path), now=NOW)
+    assert _landed(declaration, "path") == _landed(declaration, "cli")
 
 
 def test_a_list_of_texts_is_read_together_and_refused_as_record_by_record(make_declaration) -> None:

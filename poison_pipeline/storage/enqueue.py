@@ -145,6 +145,10 @@ def enqueue(
 
     A refused record is reported with its position and the reason; it never blocks the others.
     """
+    if isinstance(records, str):
+        # Iterated, a string is its characters: every one would be refused as a record of its own.
+        raise TypeError(f"records is one string ({shown(records, 200)}): pass a list of JSON texts, or a "
+                        "JSON Lines file as a pathlib.Path or as bytes")
     now = now or datetime.now(UTC)
     if isinstance(records, os.PathLike):
         records = Path(records).read_bytes()
