@@ -9,10 +9,12 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
+from pyspark.sql import functions as F
 
 from poison_pipeline.broker.conversations import end_conversation
 from poison_pipeline.domain.routing import PROCESSED
 from poison_pipeline.engine import cycle as cycle_module
+from poison_pipeline.engine import dedup as dedup_module
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.engine.dedup import id_hash
 from poison_pipeline.storage import schemas
@@ -105,3 +107,17 @@ def test_ended_and_blocked_conversations_are_screened_on_both_paths(spark, make_
     assert joined == {"j1": waiting["due_at"], "j2": waiting["due_at"]}
     assert [(r["message_id"], r["reason"]) for r in rows(declaration, "dead_letter")] == [("e1", "conversation_ended")]
     assert {line["id"] for line in read_lines(log)} == {"j1", "k1"}
+
+
+def test_twins_are_confirmed_by_id_when_every_id_hash_collides(spark, make_declaration, monkeypatch):
+    # A big batch groups its ids by hash before comparing them: with every hash equal, only the
+    # real twins may be marked (b's second copy), never another id sharing the hash.
+    monkeypatch.setattr(cycle_module, "SMALL_BATCH", 0)
+    monkeypatch.setattr(dedup_module, "_hash_of_id", lambda: F.lit(7).cast("long"))
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}, "b": {}, "c": {}})
+    send(declaration, {"b": {}})
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.counts == {**report.counts, "duplicate": 1, "processed": 3}
+    assert sorted(places(declaration)["b"]) == ["processed:duplicate", "processed:processed"]
+    assert all(len(attempts_of(declaration, i)) == 1 for i in "abc")

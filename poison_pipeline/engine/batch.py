@@ -150,6 +150,9 @@ class _Rows:
                         self.expires[i], c["sender"][i], dict(headers) if headers else {})
 
 
+_SUCCEEDED = Outcome.SUCCEEDED  # read once per message: a module constant, not an enum lookup
+
+
 def _one_of(batch_handler: Callable[[list[Message]], Any]) -> Callable[[Message], Any]:
     return lambda message: batch_handler([message])
 
@@ -181,6 +184,7 @@ class Processor:
         self.cycle = spec.cycle
         self.moves_back = moves_back(spec.table)
         self.queue = spec.queue
+        self.crashed = spec.crashed
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Here, not in __init__: this runs in the worker (a Spark executor's, or a small cycle's).
@@ -277,7 +281,7 @@ class Processor:
         # anything forced) never reaches the next attempt; the stored row is the batch's, untouched.
         delivery = deliver(handler, lambda attempt: self._message(rows, i, rows.envelope(i), attempt),
                            self.attempts, self.timeout, self.classifier,
-                           deaths=self.spec.crashed.get(message_id, ()) if self.spec.crashed else ())
+                           deaths=self.crashed.get(message_id, ()) if self.crashed else ())
         self._settle(rows, i, delivery, changes)
 
     def _deliver_group(self, rows: _Rows, indices: list[int], changes: Changes) -> None:
@@ -293,7 +297,7 @@ class Processor:
     def _settle(self, rows: _Rows, i: int, delivery: Delivery, changes: Changes) -> None:
         """Route a delivered message, and let its outcome hold its conversation or trip the outage."""
         conversation = rows.conversation_id[i]
-        if delivery.outcome is Outcome.SUCCEEDED:
+        if delivery.outcome is _SUCCEEDED:
             changes.set(i, PROCESSED_ROUTE, delivery)
             if self.exposed:
                 self.outage.succeeded()

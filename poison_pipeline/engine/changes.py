@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -78,10 +79,19 @@ class Changes:
         self.uncharged.add(index)
 
     def apply(self, batch: pa.RecordBatch, out_batch: str) -> pa.RecordBatch:
-        routes = [r for r in self.routes if r is not None]
-        assert len(routes) == batch.num_rows, "every message of the batch has a route"
+        # A batch has a handful of distinct routes: each row names one by its index, and the text
+        # columns are taken from those few (attribute and enum reads per row cost more than the rest).
+        distinct: dict[int, tuple[int, Route]] = {}
+        indices = [distinct.setdefault(id(r), (len(distinct), r))[0] for r in self.routes if r is not None]
+        assert len(indices) == batch.num_rows, "every message of the batch has a route"
+        which = pa.array(indices, pa.int32())
+        kinds = [r for _, r in distinct.values()]
+
+        def per_row(values: list[str | None]) -> pa.Array:
+            return pc.take(pa.array(values, pa.string()), which)
+
         flat = self._flatten()
-        destinations = pa.array([r.destination for r in routes], pa.string())
+        destinations = per_row([r.destination for r in kinds])
         # A move between queues: MSMQ counts it and starts the abort count afresh.
         moved = pc.is_in(destinations, value_set=self.waiting)
         processed = pc.equal(destinations, PROCESSED)
@@ -98,8 +108,8 @@ class Changes:
             new = pa.array([getattr(e, attribute) if e is not None else None for e in flat.errors], pa.string())
             columns[name] = pc.coalesce(new, batch.column(name))
         columns["destination"] = destinations
-        columns["disposition"] = pa.array([r.disposition.value for r in routes], pa.string())
-        columns["reason"] = pa.array([r.reason for r in routes], pa.string())
+        columns["disposition"] = per_row([r.disposition.value for r in kinds])
+        columns["reason"] = per_row([r.reason for r in kinds])
         columns["attempts"] = _attempts(flat.attempts, flat.attempt_offsets)
         columns["sent"] = pa.array(flat.sent, pa.binary())
         arrays = []
@@ -123,30 +133,22 @@ class Changes:
         return pc.coalesce(entering, counted)
 
     def _flatten(self) -> _Flat:
+        deliveries = self.deliveries
         flat = _Flat()
-        for index, delivery in enumerate(self.deliveries):
-            if delivery is not None and not delivery.failures and not delivery.sent:
-                flat.failures.append(0)  # the common case: one successful attempt
-                flat.errors.append(None)
-                flat.attempts.extend(delivery.attempts)
-                flat.attempt_offsets.append(len(flat.attempts))
-                flat.sent.append(None)
-                continue
-            if delivery is None:
-                flat.failures.append(0)
-                flat.errors.append(None)
-            elif index in self.uncharged:
-                flat.failures.append(0)
-                flat.errors.append(delivery.last_error)
-                flat.attempts.extend(a if a.outcome == "success" else a._replace(outcome="outage")
-                                     for a in delivery.attempts)
-            else:
-                flat.failures.append(delivery.failures)
-                flat.errors.append(delivery.last_error)
-                flat.attempts.extend(delivery.attempts)
-            flat.attempt_offsets.append(len(flat.attempts))
-            flat.sent.append(encode_sent(delivery.sent) if delivery is not None and delivery.sent
-                             and index not in self.uncharged else None)
+        # Built a column at a time: most rows are one successful attempt that sent nothing.
+        flat.failures = [0 if d is None else d.failures for d in deliveries]
+        flat.errors = [None if d is None else d.last_error for d in deliveries]
+        flat.attempts = [a for d in deliveries if d is not None for a in d.attempts]
+        flat.attempt_offsets = [0, *itertools.accumulate(0 if d is None else len(d.attempts) for d in deliveries)]
+        flat.sent = [encode_sent(d.sent) if d is not None and d.sent else None for d in deliveries]
+        for index in self.uncharged:
+            delivery = deliveries[index]
+            flat.failures[index] = 0
+            flat.sent[index] = None
+            if delivery is not None:
+                start = flat.attempt_offsets[index]
+                flat.attempts[start:start + len(delivery.attempts)] = [
+                    a if a.outcome == "success" else a._replace(outcome="outage") for a in delivery.attempts]
         return flat
 
 
@@ -162,12 +164,13 @@ class _Flat:
 
 
 def _attempts(records: list[AttemptRecord], offsets: list[int]) -> pa.Array:
-    errors = [a.error for a in records]
+    # Records are tuples: zip transposes them into their fields in one pass.
+    attempt, started, duration, outcome, errors = zip(*records, strict=True) if records else ((),) * 5
     fields = [
-        pa.array([a.attempt for a in records], pa.int32()),
-        pa.array([a.started_us for a in records], schemas.TS),
-        pa.array([a.duration_ms for a in records], pa.float64()),
-        pa.array([a.outcome for a in records], pa.string()),
+        pa.array(attempt, pa.int32()),
+        pa.array(started, schemas.TS),
+        pa.array(duration, pa.float64()),
+        pa.array(outcome, pa.string()),
         *(pa.array([getattr(e, attr) if e is not None else None for e in errors], pa.string())
           for attr in _ERROR_COLUMNS.values()),
     ]

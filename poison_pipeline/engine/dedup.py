@@ -11,6 +11,7 @@ duplicates become a column of the batch, so nothing per message comes back to th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import xxhash
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from poison_pipeline.domain.routing import PROCESSED, Disposition
@@ -132,6 +133,28 @@ def _losers(batch: pa.Table) -> frozenset[tuple[str, str]]:
     return frozenset((mid, batch_id) for mid, found in copies.items() for _, batch_id in sorted(found)[1:])
 
 
+def _hash_of_id() -> Column:
+    """The column that screens a big batch for twins: Spark's xxhash64, cheap to group by where id
+    strings are not (a hook so that a test can force collisions)."""
+    return F.xxhash64("message_id")
+
+
+def _twins(ids: DataFrame) -> DataFrame | None:
+    """Every copy but the earliest enqueued of each id repeated in `ids` (message_id, batch_id), or
+    None when no id is: grouped by id hash first, so the ids are compared only where a hash repeats."""
+    hashed = ids.withColumn(HASH_COLUMN, _hash_of_id())
+    repeated = hashed.groupBy(HASH_COLUMN).count().where("count > 1").select(HASH_COLUMN)
+    # Not cached: when a hash repeats (rare), grouping again costs less than a cache kept per cycle.
+    if repeated.isEmpty():
+        return None
+    # Confirmed by id: two ids sharing a hash are no twins.
+    candidates = hashed.join(repeated, HASH_COLUMN, "left_semi").select("message_id", "batch_id", "enqueued_at")
+    first = Window.partitionBy("message_id").orderBy("enqueued_at", "batch_id")
+    twins = candidates.groupBy("message_id").count().where("count > 1").select("message_id")
+    return (candidates.join(twins, "message_id", "left_semi").withColumn("rank", F.row_number().over(first))
+            .where("rank > 1").select("message_id", "batch_id"))
+
+
 def mark_duplicates(spark: SparkSession, batch: DataFrame, ledger: Ledger) -> DataFrame:
     """In Spark, for a big `batch`: the batch with a boolean DUPLICATE_COLUMN, true for ids already
     processed and for every copy but the earliest enqueued of an id repeated in the batch."""
@@ -142,14 +165,14 @@ def mark_duplicates(spark: SparkSession, batch: DataFrame, ledger: Ledger) -> Da
         hits = (spark.read.parquet(*ledger.uris(ledger.hashed)).select(HASH_COLUMN, F.input_file_name().alias("file"))
                 .join(hashes, HASH_COLUMN, "left_semi").select("file").distinct().collect())
         files += sorted(r["file"] for r in hits)  # one row per ledger file with a hit, not per message
-    first = Window.partitionBy("message_id").orderBy("enqueued_at", "batch_id")
-    twins = ids.groupBy("message_id").count().where("count > 1").select("message_id")
-    duplicates = (ids.join(twins, "message_id", "left_semi").withColumn("rank", F.row_number().over(first))
-                  .where("rank > 1").select("message_id", "batch_id"))
+    found = [] if (twins := _twins(ids)) is None else [twins]
     if files:
         done = (spark.read.parquet(*files).where(F.col("disposition") == _PROCESSED)
                 .select("message_id").distinct())
-        duplicates = duplicates.unionByName(ids.join(done, "message_id", "left_semi").select("message_id", "batch_id"))
+        found.append(ids.join(done, "message_id", "left_semi").select("message_id", "batch_id"))
+    if not found:
+        return batch  # the common case: one job over the batch's id hashes, no join
+    duplicates = functools.reduce(DataFrame.unionByName, found)
     duplicates = duplicates.distinct().withColumn(DUPLICATE_COLUMN, F.lit(True)).cache()
     count = duplicates.count()
     if count == 0:

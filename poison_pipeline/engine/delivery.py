@@ -72,16 +72,14 @@ def call_with_timeout(handler: Callable[[Any], Any], message: Any, seconds: floa
     what it prints is bounded (engine/output.py)."""
     output.begin(message)
     try:
-        result = _call(handler, message, seconds)
+        result = handler(message) if seconds is None else _call(handler, message, seconds)
     finally:
         output.end()
     if result is not None and isinstance(result, _UNRUN):
         raise _unrun(result)
 
 
-def _call(handler: Callable[[Any], Any], message: Any, seconds: float | None) -> Any:
-    if seconds is None:
-        return handler(message)
+def _call(handler: Callable[[Any], Any], message: Any, seconds: float) -> Any:
     watchdog.arm(seconds)
     try:
         if threading.current_thread() is threading.main_thread():
@@ -113,7 +111,9 @@ def _on_main_thread(handler: Callable[[Any], Any], message: Any, seconds: float)
         signal.signal(signal.SIGALRM, previous)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: one is built per delivered message, and a frozen dataclass's __init__ costs four times
+# as much (object.__setattr__ per field). Nothing changes one after it is built.
+@dataclass(slots=True)
 class Delivery:
     outcome: Outcome
     attempts: list[AttemptRecord]
@@ -124,6 +124,9 @@ class Delivery:
     # Failed attempts whose error points at an outage of a dependency (policy outage_errors).
     outage_failures: int = 0
 
+
+# Read once per delivered message: an enum member read through its class costs a descriptor call.
+_SUCCEEDED, _EXHAUSTED, _UNRECOVERABLE = Outcome.SUCCEEDED, Outcome.EXHAUSTED, Outcome.UNRECOVERABLE
 
 # How an attempt that killed its worker ended, as the careful re-run found it (engine/cycle._stage).
 CRASH = "crash"
@@ -151,7 +154,7 @@ def deliver(
             error_info = classifier.describe(error)
             records.append(AttemptRecord(attempt, started, 0.0, TIMEOUT, error_info))
             if classifier.unrecoverable(error, error_info):
-                return Delivery(Outcome.UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
+                return Delivery(_UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
             outages += classifier.outage(error)
         else:
             error_info = WORKER_DIED
@@ -166,9 +169,9 @@ def deliver(
             outcome = TIMEOUT if isinstance(error, HandlerTimeout) else "abort"
             records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, outcome, error_info))
             if classifier.unrecoverable(error, error_info):
-                return Delivery(Outcome.UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
+                return Delivery(_UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
             outages += classifier.outage(error)
             continue
         records.append(AttemptRecord(attempt, started, (time.perf_counter() - clock) * 1000, "success", None))
-        return Delivery(Outcome.SUCCEEDED, records, len(records) - 1, error_info, message.outbox, outages)
-    return Delivery(Outcome.EXHAUSTED, records, len(records), error_info, outage_failures=outages)
+        return Delivery(_SUCCEEDED, records, len(records) - 1, error_info, message.outbox, outages)
+    return Delivery(_EXHAUSTED, records, len(records), error_info, outage_failures=outages)
