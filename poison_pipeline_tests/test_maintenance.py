@@ -4,9 +4,12 @@ undo sees afterwards."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 from dagster import DagsterInstance, DefaultScheduleStatus
 
@@ -62,6 +65,42 @@ def test_a_waiting_table_with_rows_not_yet_due_is_not_compacted(spark, make_decl
     before = QueueTables.of(declaration, "q").open("retry_1").file_uris()
     by_table = {t.table: t for t in maintain(declaration, "q").tables}
     assert by_table["retry_1"].files_after == by_table["retry_1"].files_before == len(before) == 3
+
+
+def test_a_table_whose_cycle_was_interrupted_is_left_for_the_cycle_that_recovers_it(spark, make_declaration,
+                                                                                   monkeypatch):
+    declaration = make_declaration(queue(**POLICY))
+    tables = QueueTables.of(declaration, "q")
+    for b in range(3):
+        send(declaration, {f"a{b}": {}})
+    append = QueueTables.append
+
+    def killed_at_processed(self: QueueTables, table: str, *args: Any, **kwargs: Any) -> bool:
+        if table == "processed":
+            raise RuntimeError("killed while committing the processed ledger")
+        return append(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(QueueTables, "append", killed_at_processed)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_cycle(spark, declaration, "q", "inbound")
+    monkeypatch.undo()
+    for b in range(3):
+        send(declaration, {f"b{b}": {}})
+    files = tables.open("inbound").file_uris()
+
+    by_table = {t.table: t for t in maintain(declaration, "q", retention=timedelta(0)).tables}
+
+    assert "staged cycle 1 awaits recovery" in (by_table["inbound"].skipped or "")
+    assert by_table["intake"].files_after == 1 and by_table["intake"].skipped is None
+    assert tables.open("inbound").file_uris() == files
+    assert all(os.path.exists(f.removeprefix("file://")) for f in files)
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.recovered is not None and report.recovered["processed"] == 3
+    assert report.counts["processed"] == 3
+    where = places(declaration)
+    assert sorted(where) == ["a0", "a1", "a2", "b0", "b1", "b2"]
+    assert all(found == ["processed:processed"] for found in where.values())
+    assert check_conservation(tables).passed
 
 
 def test_maintain_from_the_command_line(tmp_path: Path, capsys) -> None:
