@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import RemoveAction
 
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings
 from poison_pipeline.domain.paths import lake_path, segment
@@ -108,6 +109,36 @@ def _whole_due_files(due: np.ndarray, files: np.ndarray, batches: pa.Array) -> n
         if len(newly) == 0:
             return taken
         held = pa.concat_arrays([held, newly])
+
+
+def _whole_file_removes(target: DeltaTable, ids: pa.Array, partitioned: object) -> list[RemoveAction] | None:
+    """The remove actions that delete the batches `ids` by dropping whole files, when the log's
+    statistics show every file holding one of them holds nothing else (as every append writes its
+    batch to files of its own); None when a file may mix them with other rows, or the table is
+    partitioned: delta-rs's delete must then read the files.
+
+    delta-rs's delete reads every file of the table to find the rows, and matches each row against
+    the list: for 10,000 small enqueues' files taken by one cycle it took 80 s."""
+    if partitioned:
+        return None
+    actions = pa.table(target.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    if "min.batch_id" not in actions.column_names:
+        return None
+    first, last = actions["min.batch_id"].combine_chunks(), actions["max.batch_id"].combine_chunks()
+    single = pc.fill_null(pc.equal(first, last), False)
+    taken = pc.fill_null(pc.is_in(first, value_set=ids), False)
+    # A file holding several batches, or without statistics, may hold a taken one: delete reads it.
+    unknown = pc.invert(single)
+    overlaps = pc.and_(pc.fill_null(pc.less_equal(first, pc.max(ids)), True),
+                       pc.fill_null(pc.greater_equal(last, pc.min(ids)), True))
+    if pc.any(pc.and_(unknown, overlaps)).as_py():
+        return None
+    removed = actions.filter(pc.and_(single, taken))
+    now_ms = int(time.time() * 1000)
+    return [RemoveAction(path, True, now_ms, size) for path, size in
+            zip(removed["path"].to_pylist(), removed["size_bytes"].to_pylist(), strict=True)]
 
 
 # An enqueue's append and a cycle's delete of the batches it took touch different files, yet delta-rs
@@ -274,8 +305,15 @@ class QueueTables:
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
 
         def once(attempt: int) -> None:
+            target = self.open(table)
             with writing("deleting taken batches from a table", self.describe(table)):
-                self.open(table).delete(f"batch_id IN ({quoted})")
+                removes = _whole_file_removes(target, pa.array(ids, pa.string()), schemas.PARTITIONS.get(table))
+                if removes is None:
+                    target.delete(f"batch_id IN ({quoted})")
+                elif removes:
+                    # The log's history shows it as an append (delta-rs names no other operation here).
+                    noted = CommitProperties(custom_metadata={"poison_pipeline.removed_batches": str(len(ids))})
+                    target.create_write_transaction(removes, "append", target.schema(), commit_properties=noted)
 
         _again_on_conflict(once)
 
