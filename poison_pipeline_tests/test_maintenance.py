@@ -103,6 +103,29 @@ def test_a_table_whose_cycle_was_interrupted_is_left_for_the_cycle_that_recovers
     assert check_conservation(tables).passed
 
 
+def test_taken_batches_leave_whether_they_have_files_of_their_own_or_share_a_compacted_one(make_declaration):
+    declaration = make_declaration(queue(**POLICY))
+    tables = QueueTables.of(declaration, "q")
+    for b in range(4):
+        send(declaration, {f"m{b}-{i}": {} for i in range(2)})
+
+    def batches() -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for row in rows(declaration, "inbound"):
+            found.setdefault(row["batch_id"], []).append(row["message_id"])
+        return {batch: sorted(ids) for batch, ids in found.items()}
+
+    by_id = {ids[0]: batch for batch, ids in batches().items()}
+    tables.remove_batches("inbound", [by_id["m0-0"]])
+    maintain(declaration, "q", vacuum=False)
+    assert len(tables.open("inbound").file_uris()) == 1
+    tables.remove_batches("inbound", [by_id["m1-0"], "never-enqueued"])  # part of the compacted file
+    assert sorted(batches().values()) == [["m2-0", "m2-1"], ["m3-0", "m3-1"]]
+    tables.remove_batches("inbound", [by_id["m2-0"], by_id["m3-0"]])  # all of it
+    tables.remove_batches("inbound", [by_id["m2-0"]])  # again: nothing changes
+    assert batches() == {} and tables.open("inbound").file_uris() == []
+
+
 def test_maintain_from_the_command_line(tmp_path: Path, capsys) -> None:
     config = tmp_path / "poison_pipeline.yaml"
     config.write_text(yaml.safe_dump({"lake_root": "lake", "queues": queue(**POLICY)}))
