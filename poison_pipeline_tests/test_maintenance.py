@@ -4,9 +4,12 @@ undo sees afterwards."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 from dagster import DagsterInstance, DefaultScheduleStatus
 
@@ -62,6 +65,65 @@ def test_a_waiting_table_with_rows_not_yet_due_is_not_compacted(spark, make_decl
     before = QueueTables.of(declaration, "q").open("retry_1").file_uris()
     by_table = {t.table: t for t in maintain(declaration, "q").tables}
     assert by_table["retry_1"].files_after == by_table["retry_1"].files_before == len(before) == 3
+
+
+def test_a_table_whose_cycle_was_interrupted_is_left_for_the_cycle_that_recovers_it(spark, make_declaration,
+                                                                                   monkeypatch):
+    declaration = make_declaration(queue(**POLICY))
+    tables = QueueTables.of(declaration, "q")
+    for b in range(3):
+        send(declaration, {f"a{b}": {}})
+    append = QueueTables.append
+
+    def killed_at_processed(self: QueueTables, table: str, *args: Any, **kwargs: Any) -> bool:
+        if table == "processed":
+            raise RuntimeError("killed while committing the processed ledger")
+        return append(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(QueueTables, "append", killed_at_processed)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_cycle(spark, declaration, "q", "inbound")
+    monkeypatch.undo()
+    for b in range(3):
+        send(declaration, {f"b{b}": {}})
+    files = tables.open("inbound").file_uris()
+
+    by_table = {t.table: t for t in maintain(declaration, "q", retention=timedelta(0)).tables}
+
+    assert "staged cycle 1 awaits recovery" in (by_table["inbound"].skipped or "")
+    assert by_table["intake"].files_after == 1 and by_table["intake"].skipped is None
+    assert tables.open("inbound").file_uris() == files
+    assert all(os.path.exists(f.removeprefix("file://")) for f in files)
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.recovered is not None and report.recovered["processed"] == 3
+    assert report.counts["processed"] == 3
+    where = places(declaration)
+    assert sorted(where) == ["a0", "a1", "a2", "b0", "b1", "b2"]
+    assert all(found == ["processed:processed"] for found in where.values())
+    assert check_conservation(tables).passed
+
+
+def test_taken_batches_leave_whether_they_have_files_of_their_own_or_share_a_compacted_one(make_declaration):
+    declaration = make_declaration(queue(**POLICY))
+    tables = QueueTables.of(declaration, "q")
+    for b in range(4):
+        send(declaration, {f"m{b}-{i}": {} for i in range(2)})
+
+    def batches() -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for row in rows(declaration, "inbound"):
+            found.setdefault(row["batch_id"], []).append(row["message_id"])
+        return {batch: sorted(ids) for batch, ids in found.items()}
+
+    by_id = {ids[0]: batch for batch, ids in batches().items()}
+    tables.remove_batches("inbound", [by_id["m0-0"]])
+    maintain(declaration, "q", vacuum=False)
+    assert len(tables.open("inbound").file_uris()) == 1
+    tables.remove_batches("inbound", [by_id["m1-0"], "never-enqueued"])  # part of the compacted file
+    assert sorted(batches().values()) == [["m2-0", "m2-1"], ["m3-0", "m3-1"]]
+    tables.remove_batches("inbound", [by_id["m2-0"], by_id["m3-0"]])  # all of it
+    tables.remove_batches("inbound", [by_id["m2-0"]])  # again: nothing changes
+    assert batches() == {} and tables.open("inbound").file_uris() == []
 
 
 def test_maintain_from_the_command_line(tmp_path: Path, capsys) -> None:

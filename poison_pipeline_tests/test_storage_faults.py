@@ -54,7 +54,8 @@ from poison_pipeline_tests.support import at_step, places
 from poison_pipeline_tests.test_crash import STEPS, outcome, scenario
 
 # Below the product's own wording (storage/faults.writing): the calls that write to the lake.
-LOW_STEPS = ((tables_module, "write_deltalake"), (DeltaTable, "delete"), (journal, "_replace"))
+LOW_STEPS = ((tables_module, "write_deltalake"), (DeltaTable, "delete"), (DeltaTable, "create_write_transaction"),
+             (journal, "_replace"))
 REDRIVE_STEPS = (*LOW_STEPS, (actions_module, "write_deltalake"))
 ERRORS = (errno.ENOSPC, errno.EROFS, errno.EIO)
 # What each durable step of the crash test's cycle writes, as the error names it.

@@ -124,12 +124,15 @@ def _stage(deliver: Callable[[CycleSpec], None], spec: CycleSpec, inflight: str)
                 crashed[culprit.message_id] = (*crashed.get(culprit.message_id, ()), how)
 
 
+_ID_COLUMNS = ["message_id", "batch_id", "enqueued_at"]
+
+
 def _due_ids(tables: QueueTables, table: str, stats: TableStats) -> pa.Table:
     """The id columns of a small cycle's due messages, read on the driver from its due files."""
     root = tables.uri(table) + "/"
     paths = [uri.removeprefix(root) for uri in stats.due_files]
     due = files_dataset(tables.uri(table), tables.storage_options, paths, None, schemas.MESSAGE)
-    return due.to_table(columns=["message_id", "batch_id", "enqueued_at"])
+    return due.to_table(columns=_ID_COLUMNS)
 
 
 # A session, or what builds one: a small cycle never needs Spark, so a run that only has small
@@ -217,8 +220,12 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
     # columns joined in Spark, so that nothing per message is collected on the driver.
     small = local_delivery or stats.due_rows <= SMALL_BATCH
     batch: DataFrame | None = None
+    # Delivered beside the driver, the rows are read once, for dedup and delivery: each due file
+    # costs an open, and a queue fed by small enqueues has hundreds.
+    rows = local.read_due(stats.due_files) if local_delivery else None
     if small:
-        duplicates = find_duplicates(_due_ids(tables, table, stats), ledger)
+        duplicates = find_duplicates(rows.select(_ID_COLUMNS) if rows is not None else _due_ids(tables, table, stats),
+                                     ledger)
     else:
         duplicates = Duplicates(frozenset(), frozenset())
         session = _session(spark)
@@ -240,8 +247,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
         ended=frozenset(ended_conversations(tables)) if small else frozenset(),
         blocked=blocked_conversations(tables, table, list(stats.due_batches)) if ordered and small else {},
     )
-    if local_delivery:
-        rows = local.read_due(stats.due_files)
+    if rows is not None:
         rows = sorted_in_conversation_order(rows) if ordered else rows
         deliver = functools.partial(local.stage, rows, staging=entry.staging)
     else:

@@ -50,7 +50,9 @@ def read_due(files: Sequence[str]) -> pa.Table:
     """The rows of the due files, as Spark reads them for a cycle (schemas.MESSAGE, missing columns null)."""
     fs, _ = fs_of(files[0])
     paths = [fs_of(uri)[1] for uri in files]
-    return pads.dataset(paths, schema=schemas.MESSAGE, format="parquet", filesystem=fs).to_table()
+    # One chunk, not one per file: the worker would process each small enqueue's file as a batch
+    # of its own, and pickling the rows to it would pay per chunk and column.
+    return pads.dataset(paths, schema=schemas.MESSAGE, format="parquet", filesystem=fs).to_table().combine_chunks()
 
 
 # --- the fork server (a process of its own) ------------------------------------------------------

@@ -23,6 +23,14 @@ DEFAULTS = {
     "spark.sql.adaptive.enabled": "true",
     "spark.driver.memory": "2g",
     "spark.sql.sources.partitionOverwriteMode": "static",
+    # A cycle names every due file (the Delta log lists them): a table fed by many small enqueues
+    # hands Spark thousands. Above this many paths Spark would check them in a listing job of one
+    # task per path (seconds for 500); on the driver a local file costs a stat.
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+    # What Spark charges per file when it packs files into tasks (its default, 4 MiB, made 500
+    # files of 10 messages 16 tasks, each paying a handler's set-up): a small file costs about as
+    # much as reading 64 KiB, so small files pack into about as many tasks as the cores.
+    "spark.sql.files.openCostInBytes": "65536",
 }
 
 

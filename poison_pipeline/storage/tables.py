@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import RemoveAction
 
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings
 from poison_pipeline.domain.paths import lake_path, segment
@@ -29,6 +30,7 @@ from poison_pipeline.domain.routing import (
 )
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
+from poison_pipeline.storage.files import files_dataset, log_names
 from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, check_held, current_holder, queue_lease
 
 ATTEMPTS = "attempts"
@@ -108,6 +110,44 @@ def _whole_due_files(due: np.ndarray, files: np.ndarray, batches: pa.Array) -> n
         if len(newly) == 0:
             return taken
         held = pa.concat_arrays([held, newly])
+
+
+def _whole_file_removes(target: DeltaTable, ids: pa.Array, read: Callable[[list[str]], pa.Table]
+                        ) -> list[RemoveAction] | None:
+    """The remove actions that delete the batches `ids` by dropping whole files, when every file
+    holding one of them holds nothing else: the log's statistics show it for a file of one batch
+    (every append writes its batch to files of its own); a file of several (compacted) is checked
+    by `read`ing its batch ids (each row's, with its file's index in the paths given). None when a
+    file mixes taken rows with others: delta-rs's delete must then rewrite it.
+
+    delta-rs's delete reads every file of the table and matches each row against the list: one
+    cycle taking 10,000 small enqueues' files spent 80 s in it, 2 s on their compacted file."""
+    actions = pa.table(target.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    if "min.batch_id" not in actions.column_names:
+        return None
+    first, last = actions["min.batch_id"].combine_chunks(), actions["max.batch_id"].combine_chunks()
+    single = pc.fill_null(pc.equal(first, last), False)
+    gone = pc.fill_null(pc.is_in(first, value_set=ids), False).to_numpy(zero_copy_only=False) \
+        & single.to_numpy(zero_copy_only=False)
+    # A file of several batches, or without statistics, whose range may hold a taken one.
+    overlaps = pc.and_(pc.fill_null(pc.less_equal(first, pc.max(ids)), True),
+                       pc.fill_null(pc.greater_equal(last, pc.min(ids)), True))
+    mixed = np.flatnonzero(pc.and_(pc.invert(single), overlaps).to_numpy(zero_copy_only=False))
+    if len(mixed):
+        paths = actions["path"].take(pa.array(mixed)).to_pylist()
+        rows = read(paths)
+        taken = pc.fill_null(pc.is_in(rows["batch_id"], value_set=ids), False)  # a null batch id is never taken
+        whole = pa.table({"file": rows["file"], "taken": taken}).group_by("file").aggregate(
+            [("taken", "all"), ("taken", "any")])
+        if pc.any(pc.and_(whole["taken_any"], pc.invert(whole["taken_all"]))).as_py():
+            return None
+        gone[mixed[whole["file"].filter(whole["taken_all"]).to_numpy()]] = True
+    removed = actions.filter(pa.array(gone))
+    now_ms = int(time.time() * 1000)
+    return [RemoveAction(path, True, now_ms, size) for path, size in
+            zip(removed["path"].to_pylist(), removed["size_bytes"].to_pylist(), strict=True)]
 
 
 # An enqueue's append and a cycle's delete of the batches it took touch different files, yet delta-rs
@@ -276,10 +316,29 @@ class QueueTables:
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
 
         def once(attempt: int) -> None:
+            target = self.open(table)
             with writing("deleting taken batches from a table", self.describe(table)):
-                self.open(table).delete(f"batch_id IN ({quoted})")
+                removes = None if schemas.PARTITIONS.get(table) else _whole_file_removes(
+                    target, pa.array(ids, pa.string()), lambda paths: self._batch_ids_of(table, paths))
+                if removes is None:
+                    target.delete(f"batch_id IN ({quoted})")
+                elif removes:
+                    # The log's history shows it as an append (delta-rs names no other operation here).
+                    noted = CommitProperties(custom_metadata={"poison_pipeline.removed_batches": str(len(ids))})
+                    target.create_write_transaction(removes, "append", target.schema(), commit_properties=noted)
 
         _again_on_conflict(once)
+
+    def _batch_ids_of(self, table: str, paths: list[str]) -> pa.Table:
+        """The batch id of every row of the files `paths` (as the log names them), and its file's
+        index in `paths`."""
+        rows = files_dataset(self.uri(table), self.storage_options, paths, None, schema_of(table)).to_table(
+            columns=["batch_id", "__filename"])
+        names = pc.unique(rows["__filename"])
+        where = {path: i for i, path in enumerate(paths)}
+        index = pa.array([where[name] for name in log_names(names.to_pylist(), paths)], pa.int64())
+        return pa.table({"batch_id": rows["batch_id"],
+                         "file": pc.take(index, pc.index_in(rows["__filename"], value_set=names))})
 
     def replace_batches(self, table: str, batch_ids: Iterable[str | None], keep: pads.Expression,
                         snapshot: DeltaTable | None = None, add: pa.Table | None = None) -> None:
