@@ -9,9 +9,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import yaml
 from dagster import DagsterInstance, DefaultScheduleStatus
+from deltalake import DeltaTable, write_deltalake
 
 from poison_pipeline.cli import main
 from poison_pipeline.defs.build import build_definitions
@@ -22,7 +24,7 @@ from poison_pipeline.operations.checks import check_conservation
 from poison_pipeline.operations.maintenance import maintain
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.undo import undo
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import QueueTables, _whole_file_removes
 from poison_pipeline_tests.dagster_support import QUIET
 from poison_pipeline_tests.support import places, queue, rows, send
 
@@ -124,6 +126,15 @@ def test_taken_batches_leave_whether_they_have_files_of_their_own_or_share_a_com
     tables.remove_batches("inbound", [by_id["m2-0"], by_id["m3-0"]])  # all of it
     tables.remove_batches("inbound", [by_id["m2-0"]])  # again: nothing changes
     assert batches() == {} and tables.open("inbound").file_uris() == []
+
+
+def test_a_file_holding_rows_of_no_batch_beside_a_taken_one_is_not_dropped_whole(tmp_path) -> None:
+    # Statistics skip nulls: such a file's min and max batch id are both the taken batch's.
+    write_deltalake(str(tmp_path / "t"), pa.table({"batch_id": ["x", None, "x"], "v": [1, 2, 3]}))
+    target = DeltaTable(str(tmp_path / "t"))
+    read = lambda paths: pa.table({"batch_id": ["x", None, "x"], "file": [0, 0, 0]})  # noqa: E731
+    assert _whole_file_removes(target, pa.array(["x"]), read) is None  # delta-rs's delete rewrites it
+    assert _whole_file_removes(target, pa.array(["y"]), read) == []
 
 
 def test_maintain_from_the_command_line(tmp_path: Path, capsys) -> None:

@@ -128,7 +128,10 @@ def _whole_file_removes(target: DeltaTable, ids: pa.Array, read: Callable[[list[
     if "min.batch_id" not in actions.column_names:
         return None
     first, last = actions["min.batch_id"].combine_chunks(), actions["max.batch_id"].combine_chunks()
-    single = pc.fill_null(pc.equal(first, last), False)
+    # Statistics skip nulls: a file of batch X and rows with no batch id also reads min = max = X.
+    nulls = actions["null_count.batch_id"] if "null_count.batch_id" in actions.column_names else None
+    no_nulls = pc.fill_null(pc.equal(nulls, 0), False) if nulls is not None else pa.repeat(False, len(first))
+    single = pc.and_(pc.fill_null(pc.equal(first, last), False), no_nulls)
     gone = pc.fill_null(pc.is_in(first, value_set=ids), False).to_numpy(zero_copy_only=False) \
         & single.to_numpy(zero_copy_only=False)
     # A file of several batches, or without statistics, whose range may hold a taken one.
