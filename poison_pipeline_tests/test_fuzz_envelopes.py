@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from poison_pipeline.cli import run_console
 from poison_pipeline.domain.declaration import Declaration, load_declaration
 from poison_pipeline.domain.envelope import FIELDS, parse_envelope, shown
-from poison_pipeline.operations.enqueue import _screen, enqueue_data, refused_path
+from poison_pipeline.operations.enqueue import enqueue_data, refused_path
 from poison_pipeline.storage.enqueue import Parsed, enqueue, envelope_table, land, parse_texts
+from poison_pipeline.storage.jsonl import screen
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.fuzz_support import COUNTS, LINE_LEVEL, MAX_BODY, TTL, Line, batches, fuzz_settings
 from poison_pipeline_tests.support import HANDLER
@@ -131,7 +132,7 @@ def test_enqueue_accepts_or_refuses_every_line_naming_the_field(lake, batch: lis
     # The per-record path alone lands and refuses exactly the same.
     others, screened = [], []
     for number, line in enumerate(batch, start=1):
-        text, problem = _screen(line.raw)
+        text, problem = screen(line.raw)
         (others.append((number, text)) if text is not None else screened.append((number, None, problem)))
     baseline = land(declaration, "r", Parsed.none(), others, lambda n: "", NOW)
     assert [(r.line.number, r.message_id, r.error) for r in result.refused] == sorted(

@@ -13,8 +13,9 @@ import pyarrow as pa
 import pytest
 
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
-from poison_pipeline.operations.enqueue import _screen, enqueue_data
+from poison_pipeline.operations.enqueue import enqueue_data
 from poison_pipeline.storage.enqueue import Parsed, _ascii_lines, enqueue, envelope_table, land
+from poison_pipeline.storage.jsonl import screen
 from poison_pipeline.storage.plain_envelopes import joined, plain_lines
 from poison_pipeline_tests.support import queue, rows
 
@@ -138,7 +139,7 @@ def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration, m
     screened, others = [], []
     for number, raw in enumerate(data.split(b"\n"), start=1):
         if raw.strip():
-            text, problem = _screen(raw)
+            text, problem = screen(raw)
             if text is None:
                 screened.append((number, None, problem))
             else:
@@ -217,8 +218,8 @@ def test_the_file_splitter_finds_the_lines_split_lines_finds(monkeypatch):
     """The bytes splitter of `enqueue_data` keeps exactly the non-blank lines, numbered as an editor
     shows them: whitespace-only lines of every kind, empty lines, no final newline; a big file is
     searched for newlines a chunk per core."""
-    from poison_pipeline.operations.enqueue import split_data, split_lines
-    from poison_pipeline.storage.jsonl import newlines
+    from poison_pipeline.operations.enqueue import split_lines
+    from poison_pipeline.storage.jsonl import newlines, split_data
 
     many = np.frombuffer(random.Random(3).randbytes(50_000), dtype=np.uint8)
     monkeypatch.setattr("poison_pipeline.storage.jsonl._CHUNK_BYTES", 1000)

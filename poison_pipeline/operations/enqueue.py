@@ -19,11 +19,6 @@ import pyarrow as pa
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.storage.enqueue import EnqueueResult, RawOf, land_data, land_lines, parse_texts
-from poison_pipeline.storage.jsonl import screen as _screen
-from poison_pipeline.storage.jsonl import split_data
-
-__all__ = ["FileEnqueued", "Line", "Refusal", "_screen", "enqueue_data", "enqueue_lines", "refused_path",
-           "split_data", "split_lines", "write_refused"]
 
 
 @dataclass(frozen=True)
