@@ -4,13 +4,16 @@
                                                     [--master URL] [--appends K] [--phases] [--workdir DIR]
 
 Writes N messages (200-byte JSON bodies, P poison, 0.5% transient) to a fresh inbound Delta table,
-and N more without poison to another queue, then times, in one Spark session:
+and N more without poison to each of two other queues, then times, in one Spark session:
 
 - plain: read the first table's files, convert them column by column, call the same handler once
   per message (one retry), write id/ok/attempts/error: the floor;
 - cycle: `run_cycle(..., "inbound")` on the first table: selection, dedup, delivery, staging and
   the Delta commits;
-- clean cycle: the same on the table without poison.
+- clean cycle: the same on a table without poison.
+
+In the order plain, clean cycle, cycle, clean cycle, plain: each ratio compares the cycle with the
+mean of what ran before and after it, so that the order favours neither side.
 
 Prints one JSON line on stdout (the ratios cycle/plain and cycle/clean cycle against their targets);
 everything else (Spark's logs included) goes to stderr.
@@ -66,13 +69,21 @@ POISON_RATE = 0.01
 TARGET_RATIO = 1.5
 POISON_TARGET_RATIO = 1.1
 QUICK_MESSAGES = 50_000
-# The queue the cycle without poison runs on: same size, same transient messages.
-CLEAN_QUEUE = "clean"
+# The queues the cycles without poison run on, before and after the cycle with poison: same size,
+# same transient messages.
+CLEAN_QUEUES = ("clean", "clean_after")
 # Warm-up size: large enough for the JVM to compile the hot parquet/Arrow paths (with a few
 # thousand rows the first timed pass still ran twice as slow as later ones), capped to stay cheap.
-# One more than the largest cycle whose dedup runs on the driver: the warm-up then takes the path
-# the timed cycles take (Spark joins), so the first timed cycle is not charged with compiling it.
+# At least one more than the largest cycle whose dedup runs on the driver: the warm-up then takes
+# the path the timed cycles take (Spark jobs), so the first timed cycle is not charged with
+# compiling it. With 50,001 the first timed 1M cycle still ran about 9% slower than the next one
+# (its dedup job 2.1 s against 1.2 s): a quarter of the timed size, up to WARMUP_MAX, closes that.
 WARMUP_MESSAGES = SMALL_BATCH + 1
+WARMUP_MAX = 250_000
+
+
+def warmup_size(messages: int) -> int:
+    return min(messages, max(WARMUP_MESSAGES, min(messages // 4, WARMUP_MAX)))
 BATCH_ID = "enq-benchmark"
 # One retry inside the cycle lets a transient message succeed; a poison one fails both attempts and
 # moves to retry_1. Delay 0 keeps nothing waiting on the clock.
@@ -327,14 +338,15 @@ def run(messages: int, master: str, workdir: str, appends: int, phases: bool, po
             "lake_root": lake,
             "queues": {
                 name: {"handler": bench_handler.HANDLER, "policy": POLICY}
-                for name in (bench_handler.QUEUE, CLEAN_QUEUE, "warmup")
+                for name in (bench_handler.QUEUE, *CLEAN_QUEUES, "warmup")
             },
         }
     )
     now = datetime.now(UTC)
     generation, files = timed(lambda: seed(declaration, bench_handler.QUEUE, messages, now, appends, poison_rate))
-    seed(declaration, CLEAN_QUEUE, messages, now, appends, 0.0)
-    warm_files = seed(declaration, "warmup", min(messages, WARMUP_MESSAGES), now, 1, poison_rate)
+    for clean in CLEAN_QUEUES:
+        seed(declaration, clean, messages, now, appends, 0.0)
+    warm_files = seed(declaration, "warmup", warmup_size(messages), now, 1, poison_rate)
     print(f"seeded {messages} messages in {len(files)} file(s) in {generation:.1f}s", file=sys.stderr)
 
     # The console progress bar would interleave with the log on stderr; it measures nothing.
@@ -349,15 +361,16 @@ def run(messages: int, master: str, workdir: str, appends: int, phases: bool, po
         plain_pass(spark, warm_files, os.path.join(workdir, "plain-warmup"))
         run_cycle(spark, declaration, "warmup", "inbound", now=now, run_id="warmup")
 
-        # The plain pass runs before and after the cycles (a cycle consumes its input, so each runs
-        # once): the mean cancels whatever the order still favours. The cycle with poison goes
-        # first, so a session still warming up would count against it, not for it.
+        # The plain pass runs before and after the cycles, and a clean cycle before and after the
+        # cycle with poison (a cycle consumes its input: each queue is cycled once): the means
+        # cancel whatever the order still favours.
         plain_before, plain_cpu_before, _ = measured(
             lambda: plain_pass(spark, files, os.path.join(workdir, "plain-1")))
+        (clean_before, clean_cpu_before), clean_report, clean_phases = timed_cycle(
+            spark, declaration, CLEAN_QUEUES[0], now, phases)
         (cycle_seconds, cycle_cpu), report, poison_phases = timed_cycle(
             spark, declaration, bench_handler.QUEUE, now, phases)
-        (clean_seconds, clean_cpu), clean_report, clean_phases = timed_cycle(
-            spark, declaration, CLEAN_QUEUE, now, phases)
+        (clean_after, clean_cpu_after), _, _ = timed_cycle(spark, declaration, CLEAN_QUEUES[1], now, False)
         plain_after, plain_cpu_after, _ = measured(
             lambda: plain_pass(spark, files, os.path.join(workdir, "plain-2")))
         plain = plain_counts(spark, os.path.join(workdir, "plain-2"))
@@ -366,6 +379,8 @@ def run(messages: int, master: str, workdir: str, appends: int, phases: bool, po
 
     plain_seconds = (plain_before + plain_after) / 2
     plain_cpu = (plain_cpu_before + plain_cpu_after) / 2
+    clean_seconds = (clean_before + clean_after) / 2
+    clean_cpu = (clean_cpu_before + clean_cpu_after) / 2
     ratios = {
         "cycle_over_plain": ratio(cycle_seconds, plain_seconds, TARGET_RATIO),
         "poison_over_clean": ratio(cycle_seconds, clean_seconds, POISON_TARGET_RATIO),
@@ -380,6 +395,7 @@ def run(messages: int, master: str, workdir: str, appends: int, phases: bool, po
         "clean_cycle_seconds": round(clean_seconds, 2),
         "plain_seconds": round(plain_seconds, 2),
         "plain_runs_seconds": [round(plain_before, 2), round(plain_after, 2)],
+        "clean_cycle_runs_seconds": [round(clean_before, 2), round(clean_after, 2)],
         "cycle_msgs_per_s": round(messages / cycle_seconds),
         "clean_cycle_msgs_per_s": round(messages / clean_seconds),
         "plain_msgs_per_s": round(messages / plain_seconds),
@@ -396,6 +412,7 @@ def run(messages: int, master: str, workdir: str, appends: int, phases: bool, po
         "plain_counts": plain,
         "appends": appends,
         "input_files": len(files),
+        "warmup_messages": warmup_size(messages),
         "spark_cores": cores,
     }
     if phases:
