@@ -27,12 +27,18 @@ from poison_pipeline_tests.test_ordering import msg, ordered_queue, put
 OLD_PROCESSED = pa.schema([f for f in schemas.PROCESSED if f.name != "id_hash"])
 
 
+# A cycle delivered without Spark (small_cycles) always probes on the driver: the Spark probe
+# needs both a batch above SMALL_BATCH and a Spark delivery.
+ON_SPARK = {"small_cycles": {"max_messages": 0}}
+
+
 @pytest.fixture(params=["driver", "spark"])
-def path(request, monkeypatch) -> str:
-    """Run each test on both probes: a batch above SMALL_BATCH is probed in Spark."""
+def path(request, monkeypatch) -> dict[str, object]:
+    """Run each test on both probes; the declaration settings of the probe asked for."""
     if request.param == "spark":
         monkeypatch.setattr(cycle_module, "SMALL_BATCH", 0)
-    return request.param
+        return ON_SPARK
+    return {}
 
 
 def _ledger_rows(ids: dict[str, str], schema: pa.Schema, **extra: list[object]) -> pa.Table:
@@ -46,7 +52,7 @@ def _ledger_rows(ids: dict[str, str], schema: pa.Schema, **extra: list[object]) 
 
 
 def test_processed_ids_and_twins_are_duplicates_and_the_ledger_keeps_sparks_hash(spark, make_declaration, path):
-    declaration = make_declaration(queue())
+    declaration = make_declaration(queue(), **path)
     send(declaration, {"a": {}})
     run_cycle(spark, declaration, "q", "inbound")
     send(declaration, {"a": {}, "b": {}})  # a redelivered copy of a processed message
@@ -55,6 +61,9 @@ def test_processed_ids_and_twins_are_duplicates_and_the_ledger_keeps_sparks_hash
     assert report.counts["duplicate"] == 2 and report.counts["processed"] == 1
     assert len(attempts_of(declaration, "a")) == 1 and len(attempts_of(declaration, "b")) == 1
     assert sorted(places(declaration)["b"]) == ["processed:duplicate", "processed:processed"]
+    # What the big path cached for its delivery job is released with it: a long-lived session
+    # (a Connect server) would otherwise keep every cycle's duplicates.
+    assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
     ledger = rows(declaration, PROCESSED)
     assert {r["id_hash"] for r in ledger} == {id_hash("a"), id_hash("b")}
     hashes = spark.createDataFrame([(r["message_id"],) for r in ledger], "m string").selectExpr("xxhash64(m) AS h")
@@ -62,7 +71,7 @@ def test_processed_ids_and_twins_are_duplicates_and_the_ledger_keeps_sparks_hash
 
 
 def test_a_ledger_written_before_id_hashes_still_finds_its_ids(spark, make_declaration, path):
-    declaration = make_declaration(queue())
+    declaration = make_declaration(queue(), **path)
     tables = QueueTables.of(declaration, "q")
     write_deltalake(tables.uri(PROCESSED), _ledger_rows({"old": "processed", "dropped": "dropped"}, OLD_PROCESSED),
                     partition_by=["date"])
@@ -78,7 +87,7 @@ def test_a_ledger_written_before_id_hashes_still_finds_its_ids(spark, make_decla
 
 
 def test_an_id_whose_hash_collides_with_a_processed_one_is_delivered(spark, make_declaration, path):
-    declaration = make_declaration(queue())
+    declaration = make_declaration(queue(), **path)
     send(declaration, {"a": {}})
     run_cycle(spark, declaration, "q", "inbound")
     tables = QueueTables.of(declaration, "q")
@@ -92,7 +101,7 @@ def test_an_id_whose_hash_collides_with_a_processed_one_is_delivered(spark, make
 
 
 def test_ended_and_blocked_conversations_are_screened_on_both_paths(spark, make_declaration, tmp_path, path):
-    declaration = make_declaration(ordered_queue(retry_cycle_delay="1h"))
+    declaration = make_declaration(ordered_queue(retry_cycle_delay="1h"), **path)
     log = tmp_path / "deliveries.jsonl"
     put(declaration, [msg("j1", "j", 1, log, fail_until_cycle=1)])
     run_cycle(spark, declaration, "q", "inbound")
@@ -114,7 +123,7 @@ def test_twins_are_confirmed_by_id_when_every_id_hash_collides(spark, make_decla
     # real twins may be marked (b's second copy), never another id sharing the hash.
     monkeypatch.setattr(cycle_module, "SMALL_BATCH", 0)
     monkeypatch.setattr(dedup_module, "_hash_of_id", lambda: F.lit(7).cast("long"))
-    declaration = make_declaration(queue())
+    declaration = make_declaration(queue(), **ON_SPARK)
     send(declaration, {"a": {}, "b": {}, "c": {}})
     send(declaration, {"b": {}})
     report = run_cycle(spark, declaration, "q", "inbound")

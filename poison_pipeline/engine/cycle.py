@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -220,6 +221,9 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
     # columns joined in Spark, so that nothing per message is collected on the driver.
     small = local_delivery or stats.due_rows <= SMALL_BATCH
     batch: DataFrame | None = None
+    # What the big path caches for its delivery job, released once that job is done: a session
+    # serves many cycles (a Connect server, the warm launcher), and each would otherwise keep its own.
+    held = contextlib.ExitStack()
     # Delivered beside the driver, the rows are read once, for dedup and delivery: each due file
     # costs an open, and a queue fed by small enqueues has hundreds.
     rows = local.read_due(stats.due_files) if local_delivery else None
@@ -230,7 +234,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
         duplicates = Duplicates(frozenset(), frozenset())
         session = _session(spark)
         batch = session.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
-        batch = mark_ended(session, mark_duplicates(session, batch, ledger), tables)
+        batch = mark_ended(session, mark_duplicates(session, batch, ledger, held), tables)
         if ordered:
             batch = mark_blocked(session, batch, tables, table)
     spec = CycleSpec(
@@ -255,7 +259,8 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
             batch = _session(spark).read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
         deliver = functools.partial(stage_on_spark, in_conversation_order(batch) if ordered else batch,
                                     staging=entry.staging)
-    report.worker_deaths = _stage(deliver, spec, tables.work_uri("inflight", table, lease.holder_id))
+    with held:
+        report.worker_deaths = _stage(deliver, spec, tables.work_uri("inflight", table, lease.holder_id))
     lease.check()
     entry.state = "staged"
     write_entry(_journal(tables, table), entry)

@@ -11,6 +11,7 @@ duplicates become a column of the batch, so nothing per message comes back to th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -155,9 +156,10 @@ def _twins(ids: DataFrame) -> DataFrame | None:
             .where("rank > 1").select("message_id", "batch_id"))
 
 
-def mark_duplicates(spark: SparkSession, batch: DataFrame, ledger: Ledger) -> DataFrame:
+def mark_duplicates(spark: SparkSession, batch: DataFrame, ledger: Ledger, held: contextlib.ExitStack) -> DataFrame:
     """In Spark, for a big `batch`: the batch with a boolean DUPLICATE_COLUMN, true for ids already
-    processed and for every copy but the earliest enqueued of an id repeated in the batch."""
+    processed and for every copy but the earliest enqueued of an id repeated in the batch. What it
+    caches for the job that reads the result is released when `held` closes."""
     ids = batch.select("message_id", "batch_id", "enqueued_at")
     files = list(ledger.uris(ledger.legacy))
     if ledger.hashed:
@@ -174,9 +176,8 @@ def mark_duplicates(spark: SparkSession, batch: DataFrame, ledger: Ledger) -> Da
         return batch  # the common case: one job over the batch's id hashes, no join
     duplicates = functools.reduce(DataFrame.unionByName, found)
     duplicates = duplicates.distinct().withColumn(DUPLICATE_COLUMN, F.lit(True)).cache()
-    count = duplicates.count()
-    if count == 0:
-        duplicates.unpersist()
+    held.callback(duplicates.unpersist)
+    if (count := duplicates.count()) == 0:
         return batch
     right = F.broadcast(duplicates) if count <= _BROADCAST_ROWS else duplicates
     # A left join keyed by both columns keeps every batch row once; a null batch_id matches nothing.
