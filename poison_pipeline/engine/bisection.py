@@ -9,7 +9,7 @@ from typing import Any
 from poison_pipeline.domain.envelope import Message
 from poison_pipeline.domain.errors import Classifier
 from poison_pipeline.domain.routing import Outcome
-from poison_pipeline.engine.delivery import AttemptRecord, Delivery, call_with_timeout, deliver
+from poison_pipeline.engine.delivery import SUCCESS, AttemptRecord, Delivery, call_with_timeout, deliver
 
 BatchHandler = Callable[[list[Message]], Any]
 
@@ -48,7 +48,7 @@ def deliver_batch(
             run(indices[:middle])
             run(indices[middle:])
             return
-        record = [AttemptRecord(1, started, (time.perf_counter() - clock) * 1000, "success", None)]
+        record: list[AttemptRecord] = [(1, started, (time.perf_counter() - clock) * 1000, SUCCESS, None)]
         for i, message in zip(indices, messages, strict=True):
             results[i] = Delivery(Outcome.SUCCEEDED, record, 0, None, message.outbox)
 

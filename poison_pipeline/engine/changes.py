@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import base64
-import itertools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,7 +23,7 @@ from poison_pipeline.domain.routing import (
     entering_move_count,
     moves_back,
 )
-from poison_pipeline.engine.delivery import AttemptRecord, Delivery
+from poison_pipeline.engine.delivery import SUCCESS, AttemptRecord, Delivery
 from poison_pipeline.storage import schemas
 
 _ERROR_COLUMNS = {
@@ -51,16 +51,29 @@ class Changes:
         self.now = now
         self.delay = delay
         self.routes: list[Route | None] = [None] * rows
-        self.deliveries: list[Delivery | None] = [None] * rows
         self.due: list[datetime | None] = [None] * rows
+        # What deliveries did, as columns: a row's failures, last error and sends, and every attempt
+        # of the batch in one flat log with its row beside it. Nothing per message outlives its
+        # delivery but the attempt tuples (engine/delivery.AttemptRecord).
+        self.failures = [0] * rows
+        self.errors: list[ErrorInfo | None] = [None] * rows
+        self.sent: dict[int, list[Outgoing]] = {}
+        self.log: list[AttemptRecord] = []
+        self.log_rows: list[int] = []
         self.uncharged: set[int] = set()
 
     def set(self, index: int, route: Route, delivery: Delivery | None = None, due: datetime | None = None) -> None:
         """Record a message's route (and its delivery, if it was attempted)."""
         self.routes[index] = route
-        self.deliveries[index] = delivery
         if due is not None or route.destination != PROCESSED:
             self.due[index] = due or self._due(route.destination)
+        if delivery is not None:
+            self.failures[index] = delivery.failures
+            self.errors[index] = delivery.last_error
+            if delivery.sent:
+                self.sent[index] = delivery.sent
+            self.log += delivery.attempts
+            self.log_rows += [index] * len(delivery.attempts)
 
     def _due(self, destination: str) -> datetime | None:
         if destination in (STAY, POISON):
@@ -72,10 +85,10 @@ class Changes:
     def uncharge(self, index: int) -> None:
         """Return a message where it was with its counts untouched; its failed attempts stay on
         record, marked as made during an outage."""
-        delivery = self.deliveries[index]
-        assert delivery is None or not delivery.sent, "an uncharged message sent nothing"
+        assert index not in self.sent, "an uncharged message sent nothing"
         self.routes[index] = OUTAGE
         self.due[index] = self.now
+        self.failures[index] = 0
         self.uncharged.add(index)
 
     def apply(self, batch: pa.RecordBatch, out_batch: str) -> pa.RecordBatch:
@@ -90,12 +103,11 @@ class Changes:
         def per_row(values: list[str | None]) -> pa.Array:
             return pc.take(pa.array(values, pa.string()), which)
 
-        flat = self._flatten()
         destinations = per_row([r.destination for r in kinds])
         # A move between queues: MSMQ counts it and starts the abort count afresh.
         moved = pc.is_in(destinations, value_set=self.waiting)
         processed = pc.equal(destinations, PROCESSED)
-        failures = pa.array(flat.failures, pa.int32())
+        failures = pa.array(self.failures, pa.int32())
         columns = {
             "abort_count": pc.if_else(moved, 0, pc.add(batch.column("abort_count"), failures)),
             "total_abort_count": pc.add(batch.column("total_abort_count"), failures),
@@ -105,13 +117,15 @@ class Changes:
             "batch_id": pc.if_else(processed, batch.column("batch_id"), pa.scalar(out_batch)),
         }
         for name, attribute in _ERROR_COLUMNS.items():
-            new = pa.array([getattr(e, attribute) if e is not None else None for e in flat.errors], pa.string())
+            new = pa.array([getattr(e, attribute) if e is not None else None for e in self.errors], pa.string())
             columns[name] = pc.coalesce(new, batch.column(name))
         columns["destination"] = destinations
         columns["disposition"] = per_row([r.disposition.value for r in kinds])
         columns["reason"] = per_row([r.reason for r in kinds])
-        columns["attempts"] = _attempts(flat.attempts, flat.attempt_offsets)
-        columns["sent"] = pa.array(flat.sent, pa.binary())
+        columns["attempts"] = self._attempts(batch.num_rows)
+        sent = self.sent
+        columns["sent"] = pa.array([encode_sent(sent[i]) if i in sent else None for i in range(batch.num_rows)]
+                                   if sent else [None] * batch.num_rows, pa.binary())
         arrays = []
         for f in schemas.RESULT:
             array = columns[f.name] if f.name in columns else batch.column(f.name)
@@ -132,50 +146,32 @@ class Changes:
         entering = pc.take(self.entering, pc.index_in(destinations, value_set=self.retries))
         return pc.coalesce(entering, counted)
 
-    def _flatten(self) -> _Flat:
-        deliveries = self.deliveries
-        flat = _Flat()
-        # Built a column at a time: most rows are one successful attempt that sent nothing.
-        flat.failures = [0 if d is None else d.failures for d in deliveries]
-        flat.errors = [None if d is None else d.last_error for d in deliveries]
-        flat.attempts = [a for d in deliveries if d is not None for a in d.attempts]
-        flat.attempt_offsets = [0, *itertools.accumulate(0 if d is None else len(d.attempts) for d in deliveries)]
-        flat.sent = [encode_sent(d.sent) if d is not None and d.sent else None for d in deliveries]
-        for index in self.uncharged:
-            delivery = deliveries[index]
-            flat.failures[index] = 0
-            flat.sent[index] = None
-            if delivery is not None:
-                start = flat.attempt_offsets[index]
-                flat.attempts[start:start + len(delivery.attempts)] = [
-                    a if a.outcome == "success" else a._replace(outcome="outage") for a in delivery.attempts]
-        return flat
-
-
-@dataclass
-class _Flat:
-    """Per-row deliveries as the flat lists the output columns are built from."""
-
-    failures: list[int] = field(default_factory=list)
-    errors: list[ErrorInfo | None] = field(default_factory=list)
-    attempts: list[AttemptRecord] = field(default_factory=list)
-    attempt_offsets: list[int] = field(default_factory=lambda: [0])
-    sent: list[bytes | None] = field(default_factory=list)
-
-
-def _attempts(records: list[AttemptRecord], offsets: list[int]) -> pa.Array:
-    # Records are tuples: zip transposes them into their fields in one pass.
-    attempt, started, duration, outcome, errors = zip(*records, strict=True) if records else ((),) * 5
-    fields = [
-        pa.array(attempt, pa.int32()),
-        pa.array(started, schemas.TS),
-        pa.array(duration, pa.float64()),
-        pa.array(outcome, pa.string()),
-        *(pa.array([getattr(e, attr) if e is not None else None for e in errors], pa.string())
-          for attr in _ERROR_COLUMNS.values()),
-    ]
-    values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+    def _attempts(self, rows: int) -> pa.Array:
+        """Each row's attempts, in the order made, as the staged list column."""
+        log, log_rows = self.log, self.log_rows
+        # Rows are settled in order, except a batch handler's group after early routes of later rows
+        # (which made no attempts): the log is sorted by row already, unless a caller broke that.
+        if any(a > b for a, b in zip(log_rows, log_rows[1:])):
+            order = sorted(range(len(log)), key=log_rows.__getitem__)
+            log, log_rows = [log[k] for k in order], [log_rows[k] for k in order]
+        counts = np.bincount(np.asarray(log_rows, dtype=np.int64), minlength=rows) if log_rows else np.zeros(rows, np.int64)
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+        attempt, started, duration, outcome, errors = zip(*log, strict=True) if log else ((),) * 5
+        outcomes = pa.array(outcome, pa.string())
+        if self.uncharged:
+            # An uncharged message's failed attempts were made during an outage.
+            mine = pc.is_in(pa.array(log_rows, pa.int64()), value_set=pa.array(sorted(self.uncharged), pa.int64()))
+            outcomes = pc.if_else(pc.and_(mine, pc.not_equal(outcomes, SUCCESS)), "outage", outcomes)
+        fields = [
+            pa.array(attempt, pa.int32()),
+            pa.array(started, schemas.TS),
+            pa.array(duration, pa.float64()),
+            outcomes,
+            *(pa.array([getattr(e, attr) if e is not None else None for e in errors], pa.string())
+              for attr in _ERROR_COLUMNS.values()),
+        ]
+        values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
 
 def encode_sent(sent: list[Outgoing]) -> bytes:
