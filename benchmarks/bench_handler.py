@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from poison_pipeline.domain.envelope import Envelope, Message
-from poison_pipeline.engine.batch import python_timestamps
+from poison_pipeline.engine.batch import python_headers, python_timestamps
 from poison_pipeline.storage import schemas
 
 HANDLER = "bench_handler:handle"
@@ -55,15 +55,15 @@ def _envelopes(batch: pa.RecordBatch) -> Iterator[Envelope]:
     # would cost the baseline a dict per row that no hand-written job pays.
     enqueued = python_timestamps(batch.column("enqueued_at"))
     expires = python_timestamps(batch.column("expires_at"))
+    headers = python_headers(batch.column("headers"))
     columns = [batch.column(name).to_pylist() for name in _PLAIN_COLUMNS]
-    for (message_id, conversation_id, sequence_number, message_type, body, encoding, sender, headers), \
-            enqueued_at, expires_at in zip(zip(*columns, strict=True), enqueued, expires, strict=True):
+    for i, ((message_id, conversation_id, sequence_number, message_type, body, encoding, sender),
+            enqueued_at, expires_at) in enumerate(zip(zip(*columns, strict=True), enqueued, expires, strict=True)):
         yield Envelope(message_id, message_type, body or b"", encoding, enqueued_at,  # type: ignore[arg-type]
-                       conversation_id, sequence_number, expires_at, sender, dict(headers or ()))
+                       conversation_id, sequence_number, expires_at, sender, dict(headers.get(i, ())))
 
 
-_PLAIN_COLUMNS = ["message_id", "conversation_id", "sequence_number", "message_type", "body", "encoding",
-                  "sender", "headers"]
+_PLAIN_COLUMNS = ["message_id", "conversation_id", "sequence_number", "message_type", "body", "encoding", "sender"]
 
 
 def plain_pass(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -106,10 +106,21 @@ def python_timestamps(column: pa.Array) -> list[datetime | None]:
     return [None if v is None else v.replace(tzinfo=UTC) for v in column.cast(_NAIVE).to_pylist()]
 
 
+def python_headers(column: pa.Array) -> dict[int, list[tuple[str, str]]]:
+    """The headers of the rows that have any, by row: most messages have none, and a Python list
+    per row that the whole batch keeps alive makes the garbage collector rescan them all."""
+    offsets = column.offsets  # of a map column: list_value_length has no kernel for maps
+    lengths = pc.subtract(offsets[1:], offsets[:-1])
+    rows = pc.indices_nonzero(pc.and_(column.is_valid(), pc.greater(lengths, 0)))
+    if len(rows) == 0:
+        return {}
+    return dict(zip(rows.to_pylist(), pc.take(column, rows).to_pylist(), strict=True))
+
+
 _NAIVE = pa.timestamp("us")
 _PLAIN_COLUMNS = [
     "message_id", "conversation_id", "sequence_number", "message_type", "body", "encoding", "sender",
-    "headers", "abort_count", "total_abort_count", "move_count", "redrive_count", "batch_id",
+    "abort_count", "total_abort_count", "move_count", "redrive_count", "batch_id",
 ]
 
 
@@ -123,6 +134,7 @@ class _Rows:
 
     def __init__(self, batch: pa.RecordBatch, now: datetime) -> None:
         self.columns = {name: batch.column(name).to_pylist() for name in _PLAIN_COLUMNS}
+        self.headers = python_headers(batch.column("headers"))
         self.enqueued = python_timestamps(batch.column("enqueued_at"))
         self.expires = python_timestamps(batch.column("expires_at"))
         expired = pc.less_equal(batch.column("expires_at"), pa.scalar(now, schemas.TS))
@@ -144,10 +156,9 @@ class _Rows:
 
     def envelope(self, i: int) -> Envelope:
         c = self.columns
-        headers = c["headers"][i]
         return Envelope(self.message_id[i], c["message_type"][i], c["body"][i] or b"", c["encoding"][i],
                         self.enqueued[i], self.conversation_id[i], self.sequence_number[i],  # type: ignore[arg-type]
-                        self.expires[i], c["sender"][i], dict(headers) if headers else {})
+                        self.expires[i], c["sender"][i], dict(self.headers.get(i, ())))
 
 
 _SUCCEEDED = Outcome.SUCCEEDED  # read once per message: a module constant, not an enum lookup
