@@ -68,12 +68,14 @@ class Changes:
         if due is not None or route.destination != PROCESSED:
             self.due[index] = due or self._due(route.destination)
         if delivery is not None:
-            self.failures[index] = delivery.failures
-            self.errors[index] = delivery.last_error
+            attempts = delivery.attempts
+            self.log += attempts
+            self.log_rows += [index] * len(attempts)
+            if delivery.failures:
+                self.failures[index] = delivery.failures
+                self.errors[index] = delivery.last_error
             if delivery.sent:
                 self.sent[index] = delivery.sent
-            self.log += delivery.attempts
-            self.log_rows += [index] * len(delivery.attempts)
 
     def _due(self, destination: str) -> datetime | None:
         if destination in (STAY, POISON):
@@ -123,8 +125,8 @@ class Changes:
         columns["reason"] = per_row([r.reason for r in kinds])
         columns["attempts"] = self._attempts(batch.num_rows)
         sent = self.sent
-        columns["sent"] = pa.array([encode_sent(sent[i]) if i in sent else None for i in range(batch.num_rows)]
-                                   if sent else [None] * batch.num_rows, pa.binary())
+        columns["sent"] = (pa.array([encode_sent(sent[i]) if i in sent else None for i in range(batch.num_rows)],
+                                    pa.binary()) if sent else pa.nulls(batch.num_rows, pa.binary()))
         arrays = []
         for f in schemas.RESULT:
             array = columns[f.name] if f.name in columns else batch.column(f.name)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 import types
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from time import perf_counter, time_ns
 from typing import Any
 
 from poison_pipeline.domain.envelope import Message, Outgoing
@@ -146,8 +146,8 @@ def deliver(
     records: list[AttemptRecord] = []
     error_info: ErrorInfo | None = None
     outages = 0
-    for attempt, death in enumerate(deaths, start=1):
-        started = time.time_ns() // 1000
+    for attempt, death in enumerate(deaths, start=1) if deaths else ():
+        started = time_ns() // 1000
         if death == TIMEOUT and timeout is not None:
             error = _killed(timeout)
             error_info = classifier.describe(error)
@@ -159,18 +159,18 @@ def deliver(
             error_info = WORKER_DIED
             records.append((attempt, started, 0.0, CRASH, WORKER_DIED))
     for attempt in range(len(deaths) + 1, max_attempts + 1):
-        started, clock = time.time_ns() // 1000, time.perf_counter()
+        started, clock = time_ns() // 1000, perf_counter()
         message = make_message(attempt)
         try:
             call_with_timeout(handler, message, timeout)
         except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
             error_info = classifier.describe(error)
             outcome = TIMEOUT if isinstance(error, HandlerTimeout) else "abort"
-            records.append((attempt, started, (time.perf_counter() - clock) * 1000, outcome, error_info))
+            records.append((attempt, started, (perf_counter() - clock) * 1000, outcome, error_info))
             if classifier.unrecoverable(error, error_info):
                 return Delivery(_UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
             outages += classifier.outage(error)
             continue
-        records.append((attempt, started, (time.perf_counter() - clock) * 1000, SUCCESS, None))
+        records.append((attempt, started, (perf_counter() - clock) * 1000, SUCCESS, None))
         return Delivery(_SUCCEEDED, records, len(records) - 1, error_info, message.outbox, outages)
     return Delivery(_EXHAUSTED, records, len(records), error_info, outage_failures=outages)

@@ -265,7 +265,8 @@ def project(rows: pa.Table, schema: pa.Schema, **constants: object) -> pa.Table:
     columns = []
     for field in schema:
         if field.name in constants:
-            columns.append(pa.array([constants[field.name]] * rows.num_rows, type=field.type))
+            # Repeated in Arrow: a Python list of the constant costs a tenth of a second per million rows.
+            columns.append(pa.repeat(pa.scalar(constants[field.name], type=field.type), rows.num_rows))
         else:
             columns.append(rows.column(field.name).cast(field.type))
     return pa.Table.from_arrays(columns, schema=schema)
