@@ -62,7 +62,8 @@ class _TaskWriter:
 # The staged file is read once, by the commit, whose filters only look at these columns: statistics
 # for the rest and dictionaries (most columns are unique ids, or nulls) cost the tasks a third more
 # to write than the file saves.
-_STAGED_FILE = {"compression": "lz4", "use_dictionary": False, "write_statistics": ["destination", "disposition", "sent"]}
+_STAGED_FILE = {"compression": "lz4", "use_dictionary": False,
+                "write_statistics": ["destination", "disposition", "sent"]}
 
 
 def _with_hash(result: pa.RecordBatch) -> pa.RecordBatch:
