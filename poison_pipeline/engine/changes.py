@@ -18,6 +18,7 @@ from poison_pipeline.domain.routing import (
     OUTAGE,
     POISON,
     PROCESSED,
+    PROCESSED_ROUTE,
     STAY,
     Route,
     entering_move_count,
@@ -76,6 +77,14 @@ class Changes:
                 self.errors[index] = delivery.last_error
             if delivery.sent:
                 self.sent[index] = delivery.sent
+
+    def succeeded(self, index: int, record: AttemptRecord, sent: list[Outgoing]) -> None:
+        """`set` for a message processed at its first attempt (most are), the short way."""
+        self.routes[index] = PROCESSED_ROUTE
+        self.log.append(record)
+        self.log_rows.append(index)
+        if sent:
+            self.sent[index] = sent
 
     def _due(self, destination: str) -> datetime | None:
         if destination in (STAY, POISON):

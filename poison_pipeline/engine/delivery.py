@@ -31,6 +31,8 @@ Handler = Callable[[Message], Any]
 # collector tracks made it scan more (a NamedTuple per message cost a quarter of the loop's time).
 AttemptRecord = tuple[int, int, float, str, ErrorInfo | None]
 SUCCESS = "success"
+# One attempt as `attempt` returns it: started_us, duration_ms, and what the handler raised, if anything.
+Made = tuple[int, float, BaseException | None]
 
 
 WORKER_DIED = ErrorInfo(
@@ -132,6 +134,17 @@ CRASH = "crash"
 TIMEOUT = "timeout"
 
 
+def attempt(handler: Handler, message: Message, timeout: float | None) -> Made:
+    """Make one attempt: when it started (microseconds since the epoch), how long it ran (ms), and
+    what it raised, if anything."""
+    started, clock = time_ns() // 1000, perf_counter()
+    try:
+        call_with_timeout(handler, message, timeout)
+    except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
+        return started, (perf_counter() - clock) * 1000, error
+    return started, (perf_counter() - clock) * 1000, None
+
+
 def deliver(
     handler: Handler,
     make_message: Callable[[int], Message],
@@ -139,38 +152,40 @@ def deliver(
     timeout: float | None,
     classifier: Classifier,
     deaths: Sequence[str] = (),
+    first: Made | None = None,
 ) -> Delivery:
     """Up to `max_attempts` attempts; stop at the first success or unrecoverable error. The first
     attempts already happened and each killed the worker it ran in: `deaths` says how each ended,
-    CRASH (the handler crashed or exited it) or TIMEOUT (the watchdog killed it: a HandlerTimeout)."""
+    CRASH (the handler crashed or exited it) or TIMEOUT (the watchdog killed it: a HandlerTimeout).
+    `first`: the first attempt, made by the caller (what `attempt` returned), which failed."""
     records: list[AttemptRecord] = []
     error_info: ErrorInfo | None = None
     outages = 0
-    for attempt, death in enumerate(deaths, start=1) if deaths else ():
+    for number, death in enumerate(deaths, start=1) if deaths else ():
         started = time_ns() // 1000
         if death == TIMEOUT and timeout is not None:
             error = _killed(timeout)
             error_info = classifier.describe(error)
-            records.append((attempt, started, 0.0, TIMEOUT, error_info))
+            records.append((number, started, 0.0, TIMEOUT, error_info))
             if classifier.unrecoverable(error, error_info):
                 return Delivery(_UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
             outages += classifier.outage(error)
         else:
             error_info = WORKER_DIED
-            records.append((attempt, started, 0.0, CRASH, WORKER_DIED))
-    for attempt in range(len(deaths) + 1, max_attempts + 1):
-        started, clock = time_ns() // 1000, perf_counter()
-        message = make_message(attempt)
-        try:
-            call_with_timeout(handler, message, timeout)
-        except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
-            error_info = classifier.describe(error)
-            outcome = TIMEOUT if isinstance(error, HandlerTimeout) else "abort"
-            records.append((attempt, started, (perf_counter() - clock) * 1000, outcome, error_info))
-            if classifier.unrecoverable(error, error_info):
-                return Delivery(_UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
-            outages += classifier.outage(error)
-            continue
-        records.append((attempt, started, (perf_counter() - clock) * 1000, SUCCESS, None))
-        return Delivery(_SUCCEEDED, records, len(records) - 1, error_info, message.outbox, outages)
+            records.append((number, started, 0.0, CRASH, WORKER_DIED))
+    for number in range(len(deaths) + 1, max_attempts + 1):
+        if first is None:
+            message = make_message(number)
+            started, duration, failure = attempt(handler, message, timeout)
+        else:
+            (started, duration, failure), first = first, None
+        if failure is None:
+            records.append((number, started, duration, SUCCESS, None))
+            return Delivery(_SUCCEEDED, records, len(records) - 1, error_info, message.outbox, outages)
+        error_info = classifier.describe(failure)
+        outcome = TIMEOUT if isinstance(failure, HandlerTimeout) else "abort"
+        records.append((number, started, duration, outcome, error_info))
+        if classifier.unrecoverable(failure, error_info):
+            return Delivery(_UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
+        outages += classifier.outage(failure)
     return Delivery(_EXHAUSTED, records, len(records), error_info, outage_failures=outages)
