@@ -117,6 +117,16 @@ def python_headers(column: pa.Array) -> dict[int, list[tuple[str, str]]]:
     return dict(zip(rows.to_pylist(), pc.take(column, rows).to_pylist(), strict=True))
 
 
+def with_every_column(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` with the message columns a delivery job left out (those null in every due file,
+    engine/staging.stage_on_spark) restored as nulls."""
+    missing = [f for f in schemas.MESSAGE if batch.schema.get_field_index(f.name) < 0]
+    if not missing:
+        return batch
+    return pa.RecordBatch.from_arrays([*batch.columns, *(pa.nulls(batch.num_rows, f.type) for f in missing)],
+                                      names=[*batch.schema.names, *(f.name for f in missing)])
+
+
 _NAIVE = pa.timestamp("us")
 _PLAIN_COLUMNS = [
     "message_id", "conversation_id", "sequence_number", "message_type", "body", "encoding", "sender",
@@ -205,7 +215,7 @@ class Processor:
             watchdog.prepare(self.marker.uri if self.marker is not None else None)
         # A batch is held back while an outage could still undo some of its routes.
         pending: list[tuple[pa.RecordBatch, Changes]] = []
-        for batch in batches:
+        for batch in map(with_every_column, batches):
             pending.append((batch, self.process(batch)))
             if not self.exposed:
                 yield from (changes.apply(b, self.spec.out_batch) for b, changes in pending)

@@ -258,7 +258,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
         if batch is None:
             batch = _session(spark).read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
         deliver = functools.partial(stage_on_spark, in_conversation_order(batch) if ordered else batch,
-                                    staging=entry.staging)
+                                    staging=entry.staging, null_columns=stats.null_columns)
     with held:
         report.worker_deaths = _stage(deliver, spec, tables.work_uri("inflight", table, lease.holder_id))
     lease.check()

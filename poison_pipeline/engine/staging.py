@@ -14,7 +14,7 @@ that succeeded (one a killed earlier run finished late) is removed before the cy
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -72,10 +72,13 @@ def _with_hash(result: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([*result.columns, hashes], schema=STAGED)
 
 
-def stage_on_spark(batch: DataFrame, spec: CycleSpec, staging: str) -> None:
-    """Deliver `batch` in one Spark job whose tasks write the staged results to `staging`."""
+def stage_on_spark(batch: DataFrame, spec: CycleSpec, staging: str, null_columns: Sequence[str] = ()) -> None:
+    """Deliver `batch` in one Spark job whose tasks write the staged results to `staging`.
+    `null_columns`: message columns null in every row, which the tasks restore rather than receive."""
     remove_tree(staging)  # what a failed delivery left: nothing of it may be committed
     token = uuid.uuid4().hex[:12]
+    # Every column costs the JVM a conversion to Arrow per row: a fresh message has nine null ones.
+    batch = batch.drop(*(name for name in null_columns if name in schemas.MESSAGE.names))
     written = batch.mapInArrow(_TaskWriter(Processor(spec), staging, token), from_arrow_schema(_WRITTEN)).collect()
     keep = {row["file"] for row in written}
     fs, folder = fs_of(staging)

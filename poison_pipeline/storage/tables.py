@@ -90,6 +90,23 @@ class TableStats:
     due_batches: tuple[str, ...]
     due_files: tuple[str, ...]
     next_due: datetime | None
+    # Columns null in every due file, by the log's statistics (null counts equal to row counts).
+    null_columns: tuple[str, ...] = ()
+
+
+def _null_columns(actions: pa.Table) -> tuple[str, ...]:
+    """The columns null in every file of `actions` (flattened add actions), as far as their
+    statistics show: a file without a column's null count proves nothing of it."""
+    if actions.num_rows == 0:
+        return ()
+    rows = actions["num_records"]
+    found = []
+    for name in actions.column_names:
+        if name.startswith("null_count."):
+            nulls = pc.fill_null(pc.equal(actions[name], rows), False)
+            if pc.all(nulls).as_py():
+                found.append(name.removeprefix("null_count."))
+    return tuple(found)
 
 
 def _whole_due_files(due: np.ndarray, files: np.ndarray, batches: pa.Array) -> np.ndarray:
@@ -401,7 +418,7 @@ class QueueTables:
         rows = actions["num_records"].combine_chunks()
         oldest_col = f"min.{_ARRIVAL.get(table, 'entered_at')}"
         oldest = pc.min(actions[oldest_col]).as_py() if oldest_col in actions.column_names else None
-        due_rows, due_files, due_batches, next_due = 0, (), (), None
+        due_rows, due_files, due_batches, next_due, null_columns = 0, (), (), None, ()
         if "max.due_at" in actions.column_names:
             dues = actions["max.due_at"].combine_chunks()
             due = pc.fill_null(pc.less_equal(dues, pa.scalar(now).cast(dues.type)), False).to_numpy(
@@ -416,6 +433,7 @@ class QueueTables:
             # A due file held back waits for one of those not due yet.
             later = pc.fill_null(pc.greater(dues, pa.scalar(now).cast(dues.type)), False)
             next_due = pc.min(dues.filter(pc.and_(later, pa.array(~taken)))).as_py()
+            null_columns = _null_columns(actions.filter(picked))
         return TableStats(
             version=target.version(),
             rows=pc.sum(rows).as_py() or 0,
@@ -425,4 +443,5 @@ class QueueTables:
             due_batches=due_batches,
             due_files=due_files,
             next_due=next_due,
+            null_columns=null_columns,
         )
