@@ -35,6 +35,7 @@ class Benchmark:
 # In the order of issue 10's targets, then the older ones. `quick` sizes finish in well under a minute.
 BENCHMARKS = (
     Benchmark("cycle_throughput"),
+    Benchmark("engine_python"),
     Benchmark("small_cycle"),
     Benchmark("connect_run"),
     Benchmark("enqueue_throughput"),
