@@ -34,7 +34,7 @@ from poison_pipeline.domain.routing import (
 from poison_pipeline.engine import output, watchdog
 from poison_pipeline.engine.bisection import deliver_batch
 from poison_pipeline.engine.changes import Changes
-from poison_pipeline.engine.delivery import SUCCESS, Delivery, attempt, deliver
+from poison_pipeline.engine.delivery import Delivery, attempt, deliver
 from poison_pipeline.handlers import batch_size
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.inflight import Marker
@@ -306,7 +306,7 @@ class Processor:
             message = self._message(rows, i, rows.envelope(i), 1)
             first = attempt(handler, message, self.timeout)
             if first[2] is None:
-                changes.succeeded(i, (1, first[0], first[1], SUCCESS, None), message.outbox)
+                changes.succeeded(i, first[0], first[1], message.outbox)
                 if self.exposed:
                     self._recovered()
                 return

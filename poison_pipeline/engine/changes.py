@@ -24,7 +24,7 @@ from poison_pipeline.domain.routing import (
     entering_move_count,
     moves_back,
 )
-from poison_pipeline.engine.delivery import SUCCESS, AttemptRecord, Delivery
+from poison_pipeline.engine.delivery import SUCCESS, Delivery
 from poison_pipeline.storage import schemas
 
 _ERROR_COLUMNS = {
@@ -51,38 +51,57 @@ class Changes:
         self.entering = pa.array([entering_move_count(t) for t in retries], pa.int32())
         self.now = now
         self.delay = delay
-        self.routes: list[Route | None] = [None] * rows
+        # Each row's route as an index into `kinds`, the batch's few distinct routes (-1: none yet).
+        self.kinds: list[Route] = [PROCESSED_ROUTE]
+        self._kind: dict[int, int] = {id(PROCESSED_ROUTE): 0}
+        self.routes = [-1] * rows
         self.due: list[datetime | None] = [None] * rows
         # What deliveries did, as columns: a row's failures, last error and sends, and every attempt
-        # of the batch in one flat log with its row beside it. Nothing per message outlives its
-        # delivery but the attempt tuples (engine/delivery.AttemptRecord).
+        # of the batch in one flat log, a list per field with its row beside it. Nothing per message
+        # outlives its delivery, and what few messages have (errors, sends, failed attempts) is kept
+        # by row or by log position: most messages succeed at once and would fill those with None.
         self.failures = [0] * rows
-        self.errors: list[ErrorInfo | None] = [None] * rows
+        self.errors: dict[int, ErrorInfo] = {}
         self.sent: dict[int, list[Outgoing]] = {}
-        self.log: list[AttemptRecord] = []
         self.log_rows: list[int] = []
+        self.log_numbers: list[int] = []
+        self.log_started: list[int] = []
+        self.log_durations: list[float] = []
+        # The outcome and error of each attempt that did not succeed, by its position in the log.
+        self.log_failed: dict[int, tuple[str, ErrorInfo | None]] = {}
         self.uncharged: set[int] = set()
 
     def set(self, index: int, route: Route, delivery: Delivery | None = None, due: datetime | None = None) -> None:
         """Record a message's route (and its delivery, if it was attempted)."""
-        self.routes[index] = route
+        kind = self._kind.get(id(route))
+        if kind is None:
+            kind = self._kind[id(route)] = len(self.kinds)
+            self.kinds.append(route)
+        self.routes[index] = kind
         if due is not None or route.destination != PROCESSED:
             self.due[index] = due or self._due(route.destination)
         if delivery is not None:
-            attempts = delivery.attempts
-            self.log += attempts
-            self.log_rows += [index] * len(attempts)
+            for number, started, duration, outcome, error in delivery.attempts:
+                if outcome != SUCCESS:
+                    self.log_failed[len(self.log_rows)] = (outcome, error)
+                self._logged(index, number, started, duration)
             if delivery.failures:
                 self.failures[index] = delivery.failures
-                self.errors[index] = delivery.last_error
+                if delivery.last_error is not None:
+                    self.errors[index] = delivery.last_error
             if delivery.sent:
                 self.sent[index] = delivery.sent
 
-    def succeeded(self, index: int, record: AttemptRecord, sent: list[Outgoing]) -> None:
-        """`set` for a message processed at its first attempt (most are), the short way."""
-        self.routes[index] = PROCESSED_ROUTE
-        self.log.append(record)
+    def _logged(self, index: int, number: int, started: int, duration: float) -> None:
         self.log_rows.append(index)
+        self.log_numbers.append(number)
+        self.log_started.append(started)
+        self.log_durations.append(duration)
+
+    def succeeded(self, index: int, started: int, duration: float, sent: list[Outgoing]) -> None:
+        """`set` for a message processed at its first attempt (most are), the short way."""
+        self.routes[index] = 0
+        self._logged(index, 1, started, duration)
         if sent:
             self.sent[index] = sent
 
@@ -97,7 +116,7 @@ class Changes:
         """Return a message where it was with its counts untouched; its failed attempts stay on
         record, marked as made during an outage."""
         assert index not in self.sent, "an uncharged message sent nothing"
-        self.routes[index] = OUTAGE
+        self.set(index, OUTAGE)
         self.due[index] = self.now
         self.failures[index] = 0
         self.uncharged.add(index)
@@ -105,10 +124,9 @@ class Changes:
     def apply(self, batch: pa.RecordBatch, out_batch: str) -> pa.RecordBatch:
         # A batch has a handful of distinct routes: each row names one by its index, and the text
         # columns are taken from those few (attribute and enum reads per row cost more than the rest).
-        distinct = {id(r): r for r in self.routes}
-        kinds = list(distinct.values())
-        assert None not in kinds, "every message of the batch has a route"
-        which = pc.index_in(pa.array(list(map(id, self.routes)), pa.int64()), pa.array(list(distinct), pa.int64()))
+        kinds = self.kinds
+        which = pa.array(self.routes, pa.int32())
+        assert -1 not in self.routes, "every message of the batch has a route"
 
         def per_row(values: list[str | None]) -> pa.Array:
             return pc.take(pa.array(values, pa.string()), which)
@@ -127,8 +145,8 @@ class Changes:
             "batch_id": pc.if_else(processed, batch.column("batch_id"), pa.scalar(out_batch)),
         }
         for name, attribute in _ERROR_COLUMNS.items():
-            new = pa.array([getattr(e, attribute) if e is not None else None for e in self.errors], pa.string())
-            columns[name] = pc.coalesce(new, batch.column(name))
+            errors = {i: getattr(e, attribute) for i, e in self.errors.items()}
+            columns[name] = _sparse(errors, batch.num_rows, batch.column(name))
         columns["destination"] = destinations
         columns["disposition"] = per_row([r.disposition.value for r in kinds])
         columns["reason"] = per_row([r.reason for r in kinds])
@@ -158,31 +176,44 @@ class Changes:
 
     def _attempts(self, rows: int) -> pa.Array:
         """Each row's attempts, in the order made, as the staged list column."""
-        log = self.log
+        made = np.asarray(self.log_rows, dtype=np.int64)
+        order: np.ndarray | None = None
         # Rows are settled in order, except a batch handler's group after early routes of later rows
         # (which made no attempts): the log is sorted by row already, unless a caller broke that.
-        made = np.asarray(self.log_rows, dtype=np.int64)
         if np.any(made[1:] < made[:-1]):
             order = np.argsort(made, kind="stable")
-            log, made = [log[k] for k in order], made[order]
+            made = made[order]
         offsets = np.concatenate(([0], np.cumsum(np.bincount(made, minlength=rows)))).astype(np.int32)
-        # A comprehension per field: zip(*log) costs ten times as much for a batch's log.
-        errors = [r[4] for r in log]
-        outcomes = pa.array([r[3] for r in log], pa.string())
+        failed = self.log_failed
+        outcomes = _sparse({k: outcome for k, (outcome, _) in failed.items()}, len(made),
+                           pa.repeat(pa.scalar(SUCCESS), len(made)))
         if self.uncharged:
             # An uncharged message's failed attempts were made during an outage.
-            mine = pc.is_in(pa.array(made), value_set=pa.array(sorted(self.uncharged), pa.int64()))
+            mine = pc.is_in(pa.array(self.log_rows, pa.int64()), value_set=pa.array(sorted(self.uncharged), pa.int64()))
             outcomes = pc.if_else(pc.and_(mine, pc.not_equal(outcomes, SUCCESS)), "outage", outcomes)
         fields = [
-            pa.array([r[0] for r in log], pa.int32()),
-            pa.array([r[1] for r in log], schemas.TS),
-            pa.array([r[2] for r in log], pa.float64()),
+            pa.array(self.log_numbers, pa.int32()),
+            pa.array(self.log_started, pa.int64()).cast(schemas.TS),
+            pa.array(self.log_durations, pa.float64()),
             outcomes,
-            *(pa.array([getattr(e, attr) if e is not None else None for e in errors], pa.string())
-              for attr in _ERROR_COLUMNS.values()),
+            *(_sparse({k: getattr(e, attribute) for k, (_, e) in failed.items() if e is not None}, len(made))
+              for attribute in _ERROR_COLUMNS.values()),
         ]
         values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
+        if order is not None:
+            values = pc.take(values, pa.array(order))
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+
+
+def _sparse(values: dict[int, str | None], length: int, otherwise: pa.Array | None = None) -> pa.Array:
+    """A string column of `length` with `values` at their positions (most positions have none) and,
+    elsewhere or where a value is None, `otherwise` (or null)."""
+    if not values:
+        return otherwise if otherwise is not None else pa.nulls(length, pa.string())
+    picks = np.zeros(length, dtype=np.int32)
+    picks[np.fromiter(values, dtype=np.int64, count=len(values))] = np.arange(1, len(values) + 1, dtype=np.int32)
+    given = pc.take(pa.array([None, *values.values()], pa.string()), pa.array(picks))
+    return given if otherwise is None else pc.coalesce(given, otherwise)
 
 
 def encode_sent(sent: list[Outgoing]) -> bytes:

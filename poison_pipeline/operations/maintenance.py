@@ -24,18 +24,16 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, WriterProperties
+from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.storage.journal import journal_uri, read_entry
-from poison_pipeline.storage.tables import ACTIONS, INTAKE, QueueTables
+from poison_pipeline.storage.tables import ACTIONS, INTAKE, WRITER, QueueTables
 
 # Delta's own default (delta.deletedFileRetentionDuration): readers of a version that old still work.
 DEFAULT_RETENTION = timedelta(days=7)
 # Actions an undo reverses by reading the version before them.
 _UNDOABLE = ("redrive", "edit", "purge")
-# As the product writes every table: row groups a Spark task each (see storage.tables).
-_WRITER = WriterProperties(max_row_group_size=65_536)
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,7 @@ def _maintain_table(tables: QueueTables, table: str, retention: timedelta | None
     # waiting table is compacted only when every row in it is due.
     if files_before > 1 and (waiting is None or waiting.due_rows == waiting.rows):
         tables.check_lease()
-        target.optimize.compact(writer_properties=_WRITER)
+        target.optimize.compact(writer_properties=WRITER)  # as the product writes every table
     tables.check_lease()
     target.create_checkpoint()
     vacuumed = 0

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import ColumnProperties, CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import RemoveAction
 
@@ -43,9 +43,14 @@ EDITS = "edits"
 PURGED = "purged"
 # Not in `all_tables`: created with its opening balance by storage/intake.py.
 INTAKE = "intake"
+# Columns whose values are (nearly) all distinct: a dictionary never pays for them, and trying one
+# first (the writer's default) is most of what delta-rs spends writing such a column.
+_DISTINCT = ("message_id", "id_hash", "body", "started_at", "duration_ms", "event_id", "notification_id",
+             "source_message_id", "original_body", "new_body")
 # delta-rs would write a million-row append as one row group, and Spark cannot split a row group:
 # the whole batch would be one task on one core. Smaller groups let a cycle use every core.
-_WRITER = WriterProperties(max_row_group_size=65_536)
+WRITER = WriterProperties(max_row_group_size=65_536,
+                          column_properties={name: ColumnProperties(dictionary_enabled=False) for name in _DISTINCT})
 
 
 def schema_of(table: str) -> pa.Schema:
@@ -316,7 +321,7 @@ class QueueTables:
                     mode="append",
                     partition_by=schemas.PARTITIONS.get(table),
                     commit_properties=properties,
-                    writer_properties=_WRITER,
+                    writer_properties=WRITER,
                     # A table made by an earlier version gains the columns added since (redrive_count).
                     schema_mode="merge",
                 )
@@ -388,7 +393,7 @@ class QueueTables:
             kept = pa.concat_tables([kept.read_all().cast(schema_of(table)), add.cast(schema_of(table))])
         with writing("rewriting batches of a table", self.describe(table)):
             write_deltalake(target, kept, mode="overwrite", predicate=" OR ".join(clauses),
-                            writer_properties=_WRITER)
+                            writer_properties=WRITER)
 
     @staticmethod
     def _batches_of_files(target: DeltaTable, actions: pa.Table) -> tuple[np.ndarray, pa.Array]:
