@@ -164,12 +164,6 @@ class _Rows:
                         python_timestamps(batch.column(BLOCKED_COLUMNS[2])), strict=True)
             self.blocked = {c: Blocked(t, n, d) for c, t, n, d in heads if t is not None}  # type: ignore[arg-type]
 
-    def envelope(self, i: int) -> Envelope:
-        c = self.columns
-        return Envelope(self.message_id[i], c["message_type"][i], c["body"][i] or b"", c["encoding"][i],
-                        self.enqueued[i], self.conversation_id[i], self.sequence_number[i],  # type: ignore[arg-type]
-                        self.expires[i], c["sender"][i], dict(self.headers.get(i, ())))
-
 
 _SUCCEEDED = Outcome.SUCCEEDED  # read once per message: a module constant, not an enum lookup
 
@@ -285,7 +279,14 @@ class Processor:
             return route_poison(Outcome.EXHAUSTED, spec.poison, rows.expired[i]), None, False
         return None
 
-    def _message(self, rows: _Rows, i: int, envelope: Envelope, attempt: int) -> Message:
+    def _message(self, rows: _Rows, i: int, attempt: int) -> Message:
+        """Row `i` as its handler receives it at `attempt`: a fresh envelope each time, so that what
+        a handler changes in its message (headers, or anything forced) never reaches the next
+        attempt; the stored row is the batch's, untouched."""
+        c = rows.columns
+        envelope = Envelope(rows.message_id[i], c["message_type"][i], c["body"][i] or b"", c["encoding"][i],
+                            rows.enqueued[i], rows.conversation_id[i], rows.sequence_number[i],  # type: ignore[arg-type]
+                            rows.expires[i], c["sender"][i], dict(rows.headers.get(i, ())))
         failed = attempt - 1
         return Message(envelope, self.queue, rows.abort_count[i] + failed, rows.move_count[i] + self.moves_back,
                        self.cycle, attempt, rows.total_abort_count[i] + failed, rows.redrive_count[i] or 0)
@@ -303,16 +304,14 @@ class Processor:
         if not deaths:
             # Most messages succeed at their first attempt: it is made and recorded here, without the
             # bookkeeping of retries (a tenth of the cost of a message in this loop).
-            message = self._message(rows, i, rows.envelope(i), 1)
+            message = self._message(rows, i, 1)
             first = attempt(handler, message, self.timeout)
             if first[2] is None:
                 changes.succeeded(i, first[0], first[1], message.outbox)
                 if self.exposed:
                     self._recovered()
                 return
-        # A fresh envelope for each attempt: what a handler changes in its message (headers, or
-        # anything forced) never reaches the next attempt; the stored row is the batch's, untouched.
-        delivery = deliver(handler, lambda number: self._message(rows, i, rows.envelope(i), number),
+        delivery = deliver(handler, lambda number: self._message(rows, i, number),
                            self.attempts, self.timeout, self.classifier, deaths=deaths, first=first)
         self._settle(rows, i, delivery, changes)
 
@@ -320,7 +319,7 @@ class Processor:
         assert self.handler is not None
         deliveries = deliver_batch(
             self.handler,
-            lambda k, attempt: self._message(rows, indices[k], rows.envelope(indices[k]), attempt),
+            lambda k, attempt: self._message(rows, indices[k], attempt),
             len(indices), self.attempts, self.timeout, self.classifier,
         )
         for i, delivery in zip(indices, deliveries, strict=True):
