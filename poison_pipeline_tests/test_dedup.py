@@ -64,6 +64,9 @@ def test_processed_ids_and_twins_are_duplicates_and_the_ledger_keeps_sparks_hash
     # What the big path cached for its delivery job is released with it: a long-lived session
     # (a Connect server) would otherwise keep every cycle's duplicates.
     assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
+    # The twins job turns the partial aggregation off for itself only: the session's other
+    # groupings (few keys over many rows) keep it.
+    assert spark.conf.get("spark.sql.execution.bypassPartialAggregation") == "false"
     ledger = rows(declaration, PROCESSED)
     assert {r["id_hash"] for r in ledger} == {id_hash("a"), id_hash("b")}
     hashes = spark.createDataFrame([(r["message_id"],) for r in ledger], "m string").selectExpr("xxhash64(m) AS h")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -140,14 +140,35 @@ def _hash_of_id() -> Column:
     return F.xxhash64("message_id")
 
 
+# Spark 4's switch for grouping keys that are nearly all distinct, as the ids of a batch are: the
+# partial aggregation before the shuffle would keep every row and only cost its hash table.
+_BYPASS_PARTIAL = "spark.sql.execution.bypassPartialAggregation"
+
+
+@contextlib.contextmanager
+def _without_partial_aggregation(spark: SparkSession) -> Iterator[None]:
+    """For the job run inside, and only that job: other groupings of the session (counts per
+    failure group, per file) have few keys, where the partial aggregation is what makes them cheap."""
+    before = spark.conf.get(_BYPASS_PARTIAL, None)
+    spark.conf.set(_BYPASS_PARTIAL, "true")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_BYPASS_PARTIAL)
+        else:
+            spark.conf.set(_BYPASS_PARTIAL, before)
+
+
 def _twins(ids: DataFrame) -> DataFrame | None:
     """Every copy but the earliest enqueued of each id repeated in `ids` (message_id, batch_id), or
     None when no id is: grouped by id hash first, so the ids are compared only where a hash repeats."""
     hashed = ids.withColumn(HASH_COLUMN, _hash_of_id())
     repeated = hashed.groupBy(HASH_COLUMN).count().where("count > 1").select(HASH_COLUMN)
     # Not cached: when a hash repeats (rare), grouping again costs less than a cache kept per cycle.
-    if repeated.isEmpty():
-        return None
+    with _without_partial_aggregation(ids.sparkSession):
+        if repeated.isEmpty():
+            return None
     # Confirmed by id: two ids sharing a hash are no twins.
     candidates = hashed.join(repeated, HASH_COLUMN, "left_semi").select("message_id", "batch_id", "enqueued_at")
     first = Window.partitionBy("message_id").orderBy("enqueued_at", "batch_id")
