@@ -202,6 +202,7 @@ class Processor:
         self.crashed = spec.crashed
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """One result per batch, in the order of the batches (engine/staging.py pairs them)."""
         # Here, not in __init__: this runs in the worker (a Spark executor's, or a small cycle's).
         self.marker = Marker(self.spec.inflight) if self.spec.inflight else None
         output.install()
