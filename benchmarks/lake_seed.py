@@ -43,7 +43,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import parse_texts, waiting_rows
 from poison_pipeline.storage.intake import _BATCH_KEY, ENQUEUE, ensure_intake
 from poison_pipeline.storage.message_ids import note_ids
-from poison_pipeline.storage.tables import _WRITER, INTAKE, QueueTables
+from poison_pipeline.storage.tables import INTAKE, WRITER, QueueTables
 
 _PART = "_seed_file"
 _CHUNK = 500  # appends written per delta-rs call: bounds the writer's open files and memory
@@ -102,7 +102,7 @@ def seed_appends(uri: str, appends: Sequence[pa.Table], metadata: Sequence[dict[
         scratch = os.path.join(scratch_root, f"seed-{uuid.uuid4().hex}")
         parts = [t.append_column(_PART, pa.repeat(pa.scalar(str(i)), t.num_rows)) for i, t in enumerate(chunk)]
         write_deltalake(scratch, pa.concat_tables(parts), mode="append", partition_by=[_PART],
-                        writer_properties=_WRITER)
+                        writer_properties=WRITER)
         adds = _scratch_adds(scratch)
         for i, table in enumerate(chunk):
             add = adds[str(i)]
