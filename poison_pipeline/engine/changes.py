@@ -101,11 +101,7 @@ class Changes:
     def succeeded(self, index: int, started: int, duration: float, sent: list[Outgoing]) -> None:
         """`set` for a message processed at its first attempt (most are), the short way."""
         self.routes[index] = 0
-        # `_logged` inlined: this runs once for nearly every message, where a call counts.
-        self.log_rows.append(index)
-        self.log_numbers.append(1)
-        self.log_started.append(started)
-        self.log_durations.append(duration)
+        self._logged(index, 1, started, duration)
         if sent:
             self.sent[index] = sent
 
@@ -181,19 +177,16 @@ class Changes:
     def _attempts(self, rows: int) -> pa.Array:
         """Each row's attempts, in the order made, as the staged list column."""
         made = np.asarray(self.log_rows, dtype=np.int64)
-        order: np.ndarray | None = None
-        # Rows are settled in order, except a batch handler's group after early routes of later rows
-        # (which made no attempts): the log is sorted by row already, unless a caller broke that.
-        if np.any(made[1:] < made[:-1]):
-            order = np.argsort(made, kind="stable")
-            made = made[order]
+        # Rows are settled in order: a batch handler's group comes after early routes of later rows,
+        # but those made no attempts, so the log is in row order.
+        assert not np.any(made[1:] < made[:-1]), "attempts are logged in row order"
         offsets = np.concatenate(([0], np.cumsum(np.bincount(made, minlength=rows)))).astype(np.int32)
         failed = self.log_failed
         outcomes = _sparse({k: outcome for k, (outcome, _) in failed.items()}, len(made),
                            pa.repeat(pa.scalar(SUCCESS), len(made)))
         if self.uncharged:
             # An uncharged message's failed attempts were made during an outage.
-            mine = pc.is_in(pa.array(self.log_rows, pa.int64()), value_set=pa.array(sorted(self.uncharged), pa.int64()))
+            mine = pc.is_in(pa.array(made), value_set=pa.array(sorted(self.uncharged), pa.int64()))
             outcomes = pc.if_else(pc.and_(mine, pc.not_equal(outcomes, SUCCESS)), "outage", outcomes)
         fields = [
             pa.array(self.log_numbers, pa.int32()),
@@ -204,8 +197,6 @@ class Changes:
               for attribute in _ERROR_COLUMNS.values()),
         ]
         values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
-        if order is not None:
-            values = pc.take(values, pa.array(order))
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
 
