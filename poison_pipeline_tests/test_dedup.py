@@ -4,6 +4,7 @@ conversations waiting in another table."""
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -51,8 +52,14 @@ def _ledger_rows(ids: dict[str, str], schema: pa.Schema, **extra: list[object]) 
     return pa.Table.from_pydict({f.name: data.get(f.name, [None] * len(ids)) for f in schema}, schema=schema)
 
 
-def test_processed_ids_and_twins_are_duplicates_and_the_ledger_keeps_sparks_hash(spark, make_declaration, path):
+def test_processed_ids_and_twins_are_duplicates_and_the_ledger_keeps_sparks_hash(spark, make_declaration, path,
+                                                                                 request):
     declaration = make_declaration(queue(), **path)
+    # Not the session's cores: the twins job's own partitions (one per core) must not stay behind.
+    shuffle_partitions = "3"
+    request.addfinalizer(functools.partial(spark.conf.set, "spark.sql.shuffle.partitions",
+                                           spark.conf.get("spark.sql.shuffle.partitions")))
+    spark.conf.set("spark.sql.shuffle.partitions", shuffle_partitions)
     send(declaration, {"a": {}})
     run_cycle(spark, declaration, "q", "inbound")
     send(declaration, {"a": {}, "b": {}})  # a redelivered copy of a processed message
@@ -64,9 +71,10 @@ def test_processed_ids_and_twins_are_duplicates_and_the_ledger_keeps_sparks_hash
     # What the big path cached for its delivery job is released with it: a long-lived session
     # (a Connect server) would otherwise keep every cycle's duplicates.
     assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
-    # The twins job turns the partial aggregation off for itself only: the session's other
-    # groupings (few keys over many rows) keep it.
+    # The twins job turns the partial aggregation off and sets its shuffle's partitions for itself
+    # only: the session's other groupings (few keys over many rows) and shuffles keep theirs.
     assert spark.conf.get("spark.sql.execution.bypassPartialAggregation") == "false"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == shuffle_partitions
     ledger = rows(declaration, PROCESSED)
     assert {r["id_hash"] for r in ledger} == {id_hash("a"), id_hash("b")}
     hashes = spark.createDataFrame([(r["message_id"],) for r in ledger], "m string").selectExpr("xxhash64(m) AS h")

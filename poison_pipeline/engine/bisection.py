@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from poison_pipeline.domain.envelope import Message
 from poison_pipeline.domain.errors import Classifier
 from poison_pipeline.domain.routing import Outcome
-from poison_pipeline.engine.delivery import SUCCESS, AttemptRecord, Delivery, call_with_timeout, deliver
+from poison_pipeline.engine.delivery import SUCCESS, AttemptRecord, Delivery, attempt, deliver
 
 BatchHandler = Callable[[list[Message]], Any]
 
@@ -39,16 +38,14 @@ def deliver_batch(
             i = indices[0]
             results[i] = deliver(single, lambda attempt: make_message(i, attempt), max_attempts, timeout, classifier)
             return
-        started, clock = time.time_ns() // 1000, time.perf_counter()
         messages = [make_message(i, 1) for i in indices]
-        try:
-            call_with_timeout(handler, messages, timeout)
-        except BaseException:  # noqa: BLE001 - narrowed down below, then charged per message
+        started, duration, failure = attempt(handler, messages, timeout)
+        if failure is not None:  # narrowed down below, then charged per message
             middle = len(indices) // 2
             run(indices[:middle])
             run(indices[middle:])
             return
-        record: list[AttemptRecord] = [(1, started, (time.perf_counter() - clock) * 1000, SUCCESS, None)]
+        record: list[AttemptRecord] = [(1, started, duration, SUCCESS, None)]
         for i, message in zip(indices, messages, strict=True):
             results[i] = Delivery(Outcome.SUCCEEDED, record, 0, None, message.outbox)
 

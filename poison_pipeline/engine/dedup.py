@@ -143,21 +143,36 @@ def _hash_of_id() -> Column:
 # Spark 4's switch for grouping keys that are nearly all distinct, as the ids of a batch are: the
 # partial aggregation before the shuffle would keep every row and only cost its hash table.
 _BYPASS_PARTIAL = "spark.sql.execution.bypassPartialAggregation"
+_SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+def _twins_settings(spark: SparkSession) -> dict[str, str]:
+    """The twins job's own settings. Its shuffle gets one partition per core where the session
+    knows its cores (a Spark Connect client does not): the session's partitions, fewer or more,
+    were coalesced into uneven tasks (4 into 3 on 2 cores, one core idle for the last third)."""
+    settings = {_BYPASS_PARTIAL: "true"}
+    context = getattr(spark, "sparkContext", None)  # not on Spark Connect
+    if context is not None:
+        settings[_SHUFFLE_PARTITIONS] = str(context.defaultParallelism)
+    return settings
 
 
 @contextlib.contextmanager
-def _without_partial_aggregation(spark: SparkSession) -> Iterator[None]:
-    """For the job run inside, and only that job: other groupings of the session (counts per
-    failure group, per file) have few keys, where the partial aggregation is what makes them cheap."""
-    before = spark.conf.get(_BYPASS_PARTIAL, None)
-    spark.conf.set(_BYPASS_PARTIAL, "true")
+def _job_settings(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """`settings` for the job run inside, and only that job: the session's other groupings (counts
+    per failure group, per file) have few keys, where the partial aggregation is what makes them
+    cheap, and its other shuffles keep their own partitions."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     try:
         yield
     finally:
-        if before is None:
-            spark.conf.unset(_BYPASS_PARTIAL)
-        else:
-            spark.conf.set(_BYPASS_PARTIAL, before)
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def _twins(ids: DataFrame) -> DataFrame | None:
@@ -166,7 +181,7 @@ def _twins(ids: DataFrame) -> DataFrame | None:
     hashed = ids.withColumn(HASH_COLUMN, _hash_of_id())
     repeated = hashed.groupBy(HASH_COLUMN).count().where("count > 1").select(HASH_COLUMN)
     # Not cached: when a hash repeats (rare), grouping again costs less than a cache kept per cycle.
-    with _without_partial_aggregation(ids.sparkSession):
+    with _job_settings(ids.sparkSession, _twins_settings(ids.sparkSession)):
         if repeated.isEmpty():
             return None
     # Confirmed by id: two ids sharing a hash are no twins.

@@ -66,19 +66,6 @@ def _unrun(result: Any) -> TypeError:
                      "`async def` handler (or one that yields) never runs its body; make it a plain function")
 
 
-def call_with_timeout(handler: Callable[[Any], Any], message: Any, seconds: float | None) -> None:
-    """Call the handler with a message (or a batch of them) as one attempt: past `seconds` the attempt
-    aborts with HandlerTimeout (and past the grace after it, the watchdog kills the worker), and
-    what it prints is bounded (engine/output.py)."""
-    output.begin(message)
-    try:
-        result = handler(message) if seconds is None else _call(handler, message, seconds)
-    finally:
-        output.end()
-    if result is not None and isinstance(result, _UNRUN):
-        raise _unrun(result)
-
-
 def _call(handler: Callable[[Any], Any], message: Any, seconds: float) -> Any:
     watchdog.arm(seconds)
     try:
@@ -134,14 +121,21 @@ CRASH = "crash"
 TIMEOUT = "timeout"
 
 
-def attempt(handler: Handler, message: Message, timeout: float | None) -> Made:
-    """Make one attempt: when it started (microseconds since the epoch), how long it ran (ms), and
-    what it raised, if anything."""
+def attempt(handler: Callable[[Any], Any], message: Any, timeout: float | None) -> Made:
+    """Call the handler with a message (or a batch of them) as one attempt: when it started
+    (microseconds since the epoch), how long it ran (ms), and what it raised, if anything. Past
+    `timeout` seconds the attempt aborts with HandlerTimeout (and past the grace after it, the
+    watchdog kills the worker), and what it prints is bounded (engine/output.py)."""
     started, clock = time_ns() // 1000, perf_counter()
+    output.begin(message)
     try:
-        call_with_timeout(handler, message, timeout)
+        result = handler(message) if timeout is None else _call(handler, message, timeout)
+        if result is not None and isinstance(result, _UNRUN):
+            raise _unrun(result)
     except BaseException as error:  # noqa: BLE001 - a handler may raise anything at all
         return started, (perf_counter() - clock) * 1000, error
+    finally:
+        output.end()
     return started, (perf_counter() - clock) * 1000, None
 
 

@@ -18,24 +18,26 @@ LIMIT = 1 << 20
 
 
 class _Attempt:
-    """The attempt running now: its label (a message, or a list of them) and what each stream has left."""
+    """The attempt running now: its label (a message, or a list of them; None between attempts),
+    and what each stream has left for `counted`, the attempt that wrote last."""
 
     def __init__(self) -> None:
         self.label: Any = None
-        self.left = {"stdout": sys.maxsize, "stderr": sys.maxsize}
+        self.counted: Any = None
+        self.left = {"stdout": LIMIT, "stderr": LIMIT}
 
 
 _attempt = _Attempt()
 
 
+# An attempt's budget is set when it first writes, not here: most attempts write nothing, and
+# these two run around every one of them.
 def begin(label: Any) -> None:
     _attempt.label = label
-    _attempt.left["stdout"] = _attempt.left["stderr"] = LIMIT
 
 
 def end() -> None:
     _attempt.label = None
-    _attempt.left["stdout"] = _attempt.left["stderr"] = sys.maxsize
 
 
 def _describe(label: Any) -> str:
@@ -54,6 +56,11 @@ class _Capped:
         self._text = text
 
     def write(self, data: Any) -> int:
+        if _attempt.label is None:  # between attempts: the worker's own output
+            return self._raw.write(data)  # type: ignore[no-any-return]
+        if _attempt.counted is not _attempt.label:  # the attempt's first write
+            _attempt.counted = _attempt.label
+            _attempt.left = {"stdout": LIMIT, "stderr": LIMIT}
         size = len(data)
         left = _attempt.left[self._name]
         if size <= left:

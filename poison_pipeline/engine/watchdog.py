@@ -1,6 +1,6 @@
 """The hard end of a handler's attempt: what the handler_timeout's alarm cannot interrupt is killed.
 
-The alarm (delivery.call_with_timeout) raises HandlerTimeout in the handler's Python code. A handler
+The alarm (delivery.attempt) raises HandlerTimeout in the handler's Python code. A handler
 stuck inside a C call that holds the GIL or blocks signals never runs that code, and one that
 catches the timeout carries on. So a worker delivering with a timeout has a watchdog: a small
 process of its own (a thread could not run while a C call holds the GIL) that reads each attempt's
