@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -34,7 +34,7 @@ from poison_pipeline.domain.routing import (
 from poison_pipeline.engine import output, watchdog
 from poison_pipeline.engine.bisection import deliver_batch
 from poison_pipeline.engine.changes import Changes
-from poison_pipeline.engine.delivery import Delivery, attempt, deliver
+from poison_pipeline.engine.delivery import Delivery, Made, attempt, deliver
 from poison_pipeline.handlers import batch_size
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.inflight import Marker
@@ -200,11 +200,16 @@ class Processor:
         self.moves_back = moves_back(spec.table)
         self.queue = spec.queue
         self.crashed = spec.crashed
+        self.careful = bool(spec.crashed)  # and a marker: set where the Processor runs (__call__)
+        # A batch handler delivers one message as a batch of one (on a careful re-run, so that a
+        # dead worker names its message).
+        self.one_handler = _one_of(self.handler) if self.handler is not None and self.batch_size else self.handler
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """One result per batch, in the order of the batches (engine/staging.py pairs them)."""
         # Here, not in __init__: this runs in the worker (a Spark executor's, or a small cycle's).
         self.marker = Marker(self.spec.inflight) if self.spec.inflight else None
+        self.careful = self.marker is not None or bool(self.crashed)
         output.install()
         if self.timeout is not None and self.handler is not None:
             watchdog.prepare(self.marker.uri if self.marker is not None else None)
@@ -223,32 +228,37 @@ class Processor:
         spec = self.spec
         rows = _Rows(batch, spec.now)
         changes = Changes(batch.num_rows, spec.table, self.waiting, spec.now, spec.policy.retry_cycle_delay)
-        deliverable: list[int] = []
         # Without screening, ordering or a batch handler, a message that is not expired is delivered
         # at once until an outage trips (what `_early` would decide, without asking it each time).
         screened = any(rows.duplicate or ()) or any(rows.ended or ())
-        direct = not (self.screening or screened or self.ordered or self.batch_size) and self.handler is not None
-        expired = rows.expired
+        if not (self.screening or screened or self.ordered or self.batch_size) and self.handler is not None:
+            self._deliver(rows, range(batch.num_rows), changes)
+            return changes
+        deliverable: list[int] = []
         for i in range(batch.num_rows):
-            if direct and not expired[i] and not self.tripped:
-                self._deliver_one(rows, i, changes)
+            if self._routed_early(rows, i, changes):
                 continue
-            early = self._early(rows, i)
-            if early is not None:
-                route, due, held = early
-                changes.set(i, route, None, due)
-                if held and self.exposed:
-                    self.exposed.append((changes, i))  # it follows a message an outage may undo
-            elif self.batch_size and self.spec.inflight is None:
+            if self.batch_size and self.spec.inflight is None:
                 deliverable.append(i)
                 if len(deliverable) == self.batch_size:
                     self._deliver_group(rows, deliverable, changes)
                     deliverable = []
             else:
-                self._deliver_one(rows, i, changes)
+                self._deliver(rows, (i,), changes)
         if deliverable:
             self._deliver_group(rows, deliverable, changes)
         return changes
+
+    def _routed_early(self, rows: _Rows, i: int, changes: Changes) -> bool:
+        """Route row `i` if it is not delivered in this cycle (`_early`); say whether it was."""
+        early = self._early(rows, i)
+        if early is None:
+            return False
+        route, due, held = early
+        changes.set(i, route, None, due)
+        if held and self.exposed:
+            self.exposed.append((changes, i))  # it follows a message an outage may undo
+        return True
 
     def _early(self, rows: _Rows, i: int) -> tuple[Route, datetime | None, bool] | None:
         """The route of a message that is not delivered in this cycle (with its due time, and
@@ -292,29 +302,44 @@ class Processor:
         return Message(envelope, self.queue, rows.abort_count[i] + failed, rows.move_count[i] + self.moves_back,
                        self.cycle, attempt, rows.total_abort_count[i] + failed, rows.redrive_count[i] or 0)
 
-    def _deliver_one(self, rows: _Rows, i: int, changes: Changes) -> None:
-        handler = self.handler
+    def _deliver(self, rows: _Rows, indices: Iterable[int], changes: Changes) -> None:
+        """Deliver rows one by one, in order. Rows not screened first (a batch delivered directly)
+        are routed early here when expired, or once an outage has tripped."""
+        # Bound once for the whole run of rows: this loop is where a big cycle spends its time.
+        handler, timeout, make, succeeded = self.one_handler, self.timeout, self._message, changes.succeeded
         assert handler is not None
-        if self.batch_size:  # one at a time on a careful re-run, so a dead worker names its message
-            handler = _one_of(handler)
-        message_id = rows.message_id[i]
-        if self.marker is not None:
-            self.marker.mark(message_id)
-        deaths = self.crashed.get(message_id, ()) if self.crashed else ()
-        first = None
-        if not deaths:
+        expired, careful = rows.expired, self.careful
+        for i in indices:
+            if (expired[i] or self.tripped) and self._routed_early(rows, i, changes):
+                continue
+            if careful and (deaths := self._marked(rows.message_id[i])):
+                self._retried(rows, i, changes, deaths=deaths)
+                continue
             # Most messages succeed at their first attempt: it is made and recorded here, without the
             # bookkeeping of retries (a tenth of the cost of a message in this loop).
-            message = self._message(rows, i, 1)
-            first = attempt(handler, message, self.timeout)
+            message = make(rows, i, 1)
+            first = attempt(handler, message, timeout)
             if first[2] is None:
-                changes.succeeded(i, first[0], first[1], message.outbox)
+                succeeded(i, first[0], first[1], message.outbox)
                 if self.exposed:
                     self._recovered()
-                return
-        delivery = deliver(handler, lambda number: self._message(rows, i, number),
+                continue
+            self._retried(rows, i, changes, first=first)
+
+    def _retried(self, rows: _Rows, i: int, changes: Changes, deaths: tuple[str, ...] = (),
+                 first: Made | None = None) -> None:
+        """The rest of a message's delivery, after its `first` attempt failed or its `deaths`, and its route."""
+        assert self.one_handler is not None
+        delivery = deliver(self.one_handler, lambda number: self._message(rows, i, number),
                            self.attempts, self.timeout, self.classifier, deaths=deaths, first=first)
         self._settle(rows, i, delivery, changes)
+
+    def _marked(self, message_id: str) -> tuple[str, ...]:
+        """On a careful re-run: mark the message in flight before its delivery, and say how each of
+        this cycle's attempts of it that killed its worker ended."""
+        if self.marker is not None:
+            self.marker.mark(message_id)
+        return self.crashed.get(message_id, ())
 
     def _deliver_group(self, rows: _Rows, indices: list[int], changes: Changes) -> None:
         assert self.handler is not None
