@@ -93,7 +93,7 @@ def leaves_late_staged_file(message: Message) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from poison_pipeline.engine.staging import STAGED
+    from poison_pipeline.engine.staged import STAGED
 
     ghost = {"message_id": "ghost", "destination": "processed", "disposition": "processed", "attempts": []}
     for folder in glob.glob(os.path.join(message.json()["staging"], "*", "*")):  # <table>/<seq>-<holder>

@@ -33,9 +33,6 @@ _ERROR_COLUMNS = {
     "last_error_stack": "stack",
     "last_error_signature": "signature",
 }
-# The processed ledger keeps only ids and counts: blanking the other columns (bodies above all) for
-# the bulk of the messages keeps the staged data small.
-_LEDGER_COLUMNS = frozenset(schemas.PROCESSED.names) | {"destination", "disposition", "reason", "attempts", "sent"}
 
 
 class Changes:
@@ -154,12 +151,7 @@ class Changes:
         sent = self.sent
         columns["sent"] = (pa.array([encode_sent(sent[i]) if i in sent else None for i in range(batch.num_rows)],
                                     pa.binary()) if sent else pa.nulls(batch.num_rows, pa.binary()))
-        arrays = []
-        for f in schemas.RESULT:
-            array = columns[f.name] if f.name in columns else batch.column(f.name)
-            if f.name not in _LEDGER_COLUMNS:
-                array = pc.if_else(processed, pa.scalar(None, f.type), array)
-            arrays.append(array)
+        arrays = [columns[f.name] if f.name in columns else batch.column(f.name) for f in schemas.RESULT]
         return pa.RecordBatch.from_arrays(arrays, schema=schemas.RESULT)
 
     def _move_counts(self, stored: pa.Array, destinations: pa.Array, moved: pa.Array) -> pa.Array:

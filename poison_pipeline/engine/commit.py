@@ -22,6 +22,7 @@ from poison_pipeline.domain.errors import NO_VALUE, group_id, group_key
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, POISON, PROCESSED, QUARANTINE, STAY, Disposition
 from poison_pipeline.engine.changes import decode_sent
 from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes
+from poison_pipeline.engine.staged import dataset as staged_rows
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_commit
 from poison_pipeline.storage.events import append_events
@@ -30,7 +31,7 @@ from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION
 
 
 def _staged(entry: JournalEntry) -> pads.Dataset:
-    return pads.dataset(entry.staging, format="parquet")
+    return staged_rows(entry.staging)
 
 
 def _batches(staged: pads.Dataset, columns: list[str],
@@ -165,11 +166,12 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
 
 
 def _hashed(rows: pa.Table) -> pa.Table:
-    """Rows with their id hash: staged before the ledger kept it (a cycle recovered across an
-    upgrade), they are hashed here."""
-    if HASH_COLUMN in rows.column_names:
+    """Rows with their id hash: staged without it (a small cycle's, or one recovered across an
+    upgrade from before the ledger kept it), they are hashed here."""
+    if rows[HASH_COLUMN].null_count == 0:
         return rows
-    return rows.append_column(HASH_COLUMN, id_hashes(rows["message_id"].to_pylist()))
+    return rows.set_column(rows.schema.get_field_index(HASH_COLUMN), HASH_COLUMN,
+                           id_hashes(rows["message_id"].to_pylist()))
 
 
 def _sent_rows(staged: pads.Dataset, queue: str, entry: JournalEntry, now: datetime,

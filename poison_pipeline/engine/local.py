@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from poison_pipeline.engine import watchdog
+from poison_pipeline.engine import staged, watchdog
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import remove_tree
@@ -39,7 +39,6 @@ from poison_pipeline.storage.uri import fs_of
 
 # Spark hands mapInArrow batches of at most this many rows (spark.sql.execution.arrow.maxRecordsPerBatch).
 _BATCH_ROWS = 10_000
-_STAGED_FILE = "part-00000.parquet"
 
 
 class WorkerDied(RuntimeError):
@@ -186,4 +185,7 @@ def stage(rows: pa.Table, spec: CycleSpec, staging: str) -> None:
     remove_tree(staging)
     fs, path = fs_of(staging)
     fs.create_dir(path, recursive=True)
-    pq.write_table(payload, f"{path}/{_STAGED_FILE}", filesystem=fs)
+    # Unhashed: the commit hashes the ids of the few messages a small cycle processes.
+    results = payload.append_column(staged.STAGED.field("id_hash"), pa.nulls(payload.num_rows, pa.int64()))
+    for prefix, part in zip((staged.LEDGER_PREFIX, staged.MOVED_PREFIX), staged.split(results), strict=True):
+        pq.write_table(part, f"{path}/{prefix}00000.parquet", filesystem=fs, **staged.FILE_OPTIONS)

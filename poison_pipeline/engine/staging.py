@@ -2,9 +2,10 @@
 
 Handing the results back to the JVM to write them would convert every staged column (31 of them,
 bodies included) from Arrow into Spark rows and back into parquet: that alone cost more than the
-plain pass's whole write. Each task writes the Arrow batches its Processor yields to one parquet
-file of its own in the staging folder (shared storage under the lake root, which every worker
-reaches) and returns one row naming it; the driver keeps exactly the files those rows name.
+plain pass's whole write. Each task writes the Arrow batches its Processor yields to parquet files
+of its own in the staging folder (shared storage under the lake root, which every worker reaches),
+its processed messages' ledger rows apart from its other rows (engine/staged.py), and returns one
+row naming each file; the driver keeps exactly the files those rows name.
 
 A task writes under a hidden temporary name and renames it when complete, so a task that dies (or
 a retried attempt) never leaves half a file where the commit reads; a file not named by the job
@@ -25,14 +26,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from poison_pipeline.engine import staged
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.engine.dedup import HASH_COLUMN
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import remove_tree
 from poison_pipeline.storage.uri import fs_of
 
-# What each task writes: the Processor's result and, for the processed ledger, the id hash.
-STAGED = schemas.RESULT.append(pa.field(HASH_COLUMN, pa.int64()))
 _WRITTEN = pa.schema([pa.field("file", pa.string()), pa.field("rows", pa.int64())])
 
 
@@ -47,11 +47,12 @@ class _TaskWriter:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
         partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
-        name = f"part-{partition:05d}-{self.token}.parquet"
         fs, folder = fs_of(self.staging)
         fs.create_dir(folder, recursive=True)
+        names = [f"{prefix}{partition:05d}-{self.token}.parquet" for prefix in (staged.LEDGER_PREFIX,
+                                                                              staged.MOVED_PREFIX)]
         # A leading dot: a dataset read of the folder skips it until the rename.
-        temporary = f"{folder}/.{name}.{attempt}.tmp"
+        temporary = [f"{folder}/.{name}.{attempt}.tmp" for name in names]
         # The id hashes Spark computed as it read the rows: the Processor yields one result per
         # batch, in order, so each result takes the hashes of the batch it came from.
         hashes: deque[pa.Array] = deque()
@@ -61,20 +62,19 @@ class _TaskWriter:
                 hashes.append(batch.column(HASH_COLUMN))
                 yield batch
 
-        rows = 0
-        with pq.ParquetWriter(temporary, STAGED, filesystem=fs, **_STAGED_FILE) as writer:
+        rows = [0, 0]
+        with (pq.ParquetWriter(temporary[0], staged.LEDGER, filesystem=fs, **staged.FILE_OPTIONS) as ledger,
+              pq.ParquetWriter(temporary[1], staged.STAGED, filesystem=fs, **staged.FILE_OPTIONS) as moved):
             for result in self.processor(hashed(batches)):
-                writer.write_batch(pa.RecordBatch.from_arrays([*result.columns, hashes.popleft()], schema=STAGED))
-                rows += result.num_rows
-        fs.move(temporary, f"{folder}/{name}")
-        yield pa.RecordBatch.from_pylist([{"file": name, "rows": rows}], schema=_WRITTEN)
-
-
-# The staged file is read once, by the commit, whose filters only look at these columns: statistics
-# for the rest and dictionaries (most columns are unique ids, or nulls) cost the tasks a third more
-# to write than the file saves.
-_STAGED_FILE = {"compression": "lz4", "use_dictionary": False,
-                "write_statistics": ["destination", "disposition", "sent"]}
+                parts = staged.split(pa.RecordBatch.from_arrays([*result.columns, hashes.popleft()],
+                                                                schema=staged.STAGED))
+                for k, (writer, part) in enumerate(zip((ledger, moved), parts, strict=True)):
+                    if part.num_rows:
+                        writer.write_batch(part)
+                        rows[k] += part.num_rows
+        for source, name, count in zip(temporary, names, rows, strict=True):
+            fs.move(source, f"{folder}/{name}")
+            yield pa.RecordBatch.from_pylist([{"file": name, "rows": count}], schema=_WRITTEN)
 
 
 def stage_on_spark(batch: DataFrame, spec: CycleSpec, staging: str, null_columns: Sequence[str] = ()) -> None:
