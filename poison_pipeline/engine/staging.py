@@ -62,19 +62,51 @@ class _TaskWriter:
                 hashes.append(batch.column(HASH_COLUMN))
                 yield batch
 
-        rows = [0, 0]
-        with (pq.ParquetWriter(temporary[0], staged.LEDGER, filesystem=fs, **staged.FILE_OPTIONS) as ledger,
-              pq.ParquetWriter(temporary[1], staged.STAGED, filesystem=fs, **staged.FILE_OPTIONS) as moved):
+        with (_Grouped(pq.ParquetWriter(temporary[0], staged.LEDGER, filesystem=fs, **staged.FILE_OPTIONS)) as ledger,
+              _Grouped(pq.ParquetWriter(temporary[1], staged.STAGED, filesystem=fs, **staged.FILE_OPTIONS)) as moved):
             for result in self.processor(hashed(batches)):
                 parts = staged.split(pa.RecordBatch.from_arrays([*result.columns, hashes.popleft()],
                                                                 schema=staged.STAGED))
-                for k, (writer, part) in enumerate(zip((ledger, moved), parts, strict=True)):
-                    if part.num_rows:
-                        writer.write_batch(part)
-                        rows[k] += part.num_rows
-        for source, name, count in zip(temporary, names, rows, strict=True):
+                ledger.add(parts[0])
+                moved.add(parts[1])
+        for source, name, written in zip(temporary, names, (ledger, moved), strict=True):
             fs.move(source, f"{folder}/{name}")
-            yield pa.RecordBatch.from_pylist([{"file": name, "rows": count}], schema=_WRITTEN)
+            yield pa.RecordBatch.from_pylist([{"file": name, "rows": written.rows}], schema=_WRITTEN)
+
+
+class _Grouped:
+    """A parquet writer fed batches of any size that writes row groups of ROW_GROUP rows: a file
+    of the few rows a cycle moves would otherwise hold a row group per batch of a handful of rows,
+    each costing its reader as much as a full one."""
+
+    ROW_GROUP = 65_536
+
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self.writer = writer
+        self.pending: list[pa.RecordBatch] = []
+        self.held = 0
+        self.rows = 0
+
+    def __enter__(self) -> _Grouped:
+        return self
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self.pending.append(batch)
+            self.held += batch.num_rows
+            self.rows += batch.num_rows
+        if self.held >= self.ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.Table.from_batches(self.pending), row_group_size=self.held)
+        self.pending, self.held = [], 0
+
+    def __exit__(self, *failure: object) -> None:
+        if failure[0] is None:
+            self._flush()
+        self.writer.close()
 
 
 def stage_on_spark(batch: DataFrame, spec: CycleSpec, staging: str, null_columns: Sequence[str] = ()) -> None:
