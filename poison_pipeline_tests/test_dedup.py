@@ -75,6 +75,7 @@ def test_processed_ids_and_twins_are_duplicates_and_the_ledger_keeps_sparks_hash
     # only: the session's other groupings (few keys over many rows) and shuffles keep theirs.
     assert spark.conf.get("spark.sql.execution.bypassPartialAggregation") == "false"
     assert spark.conf.get("spark.sql.shuffle.partitions") == shuffle_partitions
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
     ledger = rows(declaration, PROCESSED)
     assert {r["id_hash"] for r in ledger} == {id_hash("a"), id_hash("b")}
     hashes = spark.createDataFrame([(r["message_id"],) for r in ledger], "m string").selectExpr("xxhash64(m) AS h")

@@ -144,16 +144,19 @@ def _hash_of_id() -> Column:
 # partial aggregation before the shuffle would keep every row and only cost its hash table.
 _BYPASS_PARTIAL = "spark.sql.execution.bypassPartialAggregation"
 _SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+_ADAPTIVE = "spark.sql.adaptive.enabled"
 
 
 def _twins_settings(spark: SparkSession) -> dict[str, str]:
     """The twins job's own settings. Its shuffle gets one partition per core where the session
-    knows its cores (a Spark Connect client does not): the session's partitions, fewer or more,
-    were coalesced into uneven tasks (4 into 3 on 2 cores, one core idle for the last third)."""
+    knows its cores (a Spark Connect client does not), and then no adaptive planning: the session's
+    partitions, fewer or more, were coalesced into uneven tasks (4 into 3 on 2 cores, one core idle
+    for the last third), and the adaptive plan ran the job as two, each paying its scheduling."""
     settings = {_BYPASS_PARTIAL: "true"}
     context = getattr(spark, "sparkContext", None)  # not on Spark Connect
     if context is not None:
         settings[_SHUFFLE_PARTITIONS] = str(context.defaultParallelism)
+        settings[_ADAPTIVE] = "false"
     return settings
 
 
