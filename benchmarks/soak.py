@@ -115,6 +115,7 @@ class Soak:
         self.home = dg.dagster_home(folder)
         self.tally = Tally()
         self.choosing = threading.Lock()
+        self.pids: dict[str, int] = {}
         self.producer_conflicts = 0
         self.log = folder / "soak.log"
 
@@ -157,6 +158,10 @@ class Soak:
         while time.monotonic() < deadline:
             started = self.cycle_runs(instance)
             if in_cycle:
+                # Each run's pid first (read from its event log): a small cycle holds the lease for
+                # well under a second, and was often over by the time that lookup came after it.
+                for run in started:
+                    self.pid_of(instance, run.run_id)
                 started = [r for r in started if self.holding(r)]
             elif started:
                 time.sleep(self.rng.uniform(0.0, 3.0))
@@ -167,15 +172,21 @@ class Soak:
                     if doom:
                         self.tally.doomed.add(run.run_id)
                     return run
-            time.sleep(0.25)
+            time.sleep(0.1 if in_cycle else 0.25)
         return None
+
+    def pid_of(self, instance: DagsterInstance, run_id: str) -> int | None:
+        """A run worker's pid, once it is logged."""
+        if run_id not in self.pids and (pid := dg.run_pid(instance, run_id)) is not None:
+            self.pids[run_id] = pid
+        return self.pids.get(run_id)
 
     def kill(self, instance: DagsterInstance, deadline: float) -> None:
         """kill -9 a cycle run's process tree: every other kill inside the cycle (lease held), the
         others at a random moment of the run (starting, in its cycle, in its checks, ending)."""
         in_cycle = len(self.tally.kills) % 2 == 0
         while (run := self.pick(instance, deadline, in_cycle, doom=True)) is not None:
-            pid = dg.run_pid(instance, run.run_id)
+            pid = self.pid_of(instance, run.run_id)
             frozen = dg.freeze(pid) if pid is not None else {}
             # Frozen, the run can neither release its lease nor renew it: this says where it stopped.
             holding = bool(frozen) and self.holding(run)

@@ -1,7 +1,7 @@
 """A big cycle's staged results, written by its Spark tasks with pyarrow.
 
-Handing the results back to the JVM to write them would convert every staged column (31 of them,
-bodies included) from Arrow into Spark rows and back into parquet: that alone cost more than the
+Handing the results back to the JVM to write them would convert every staged column (bodies
+included) from Arrow into Spark rows and back into parquet: that alone cost more than the
 plain pass's whole write. Each task writes the Arrow batches its Processor yields to parquet files
 of its own in the staging folder (shared storage under the lake root, which every worker reaches),
 its processed messages' ledger rows apart from its other rows (engine/staged.py), and returns one
@@ -75,9 +75,9 @@ class _TaskWriter:
 
 
 class _Grouped:
-    """A parquet writer fed batches of any size that writes row groups of ROW_GROUP rows: a file
-    of the few rows a cycle moves would otherwise hold a row group per batch of a handful of rows,
-    each costing its reader as much as a full one."""
+    """A parquet writer fed batches of any size that writes row groups of ROW_GROUP rows: the file of
+    the few rows a cycle moves would otherwise hold a row group of a handful of rows per batch, which
+    made the commit's reads slower than the rows it spared them."""
 
     ROW_GROUP = 65_536
 
