@@ -200,16 +200,19 @@ class Processor:
         self.moves_back = moves_back(spec.table)
         self.queue = spec.queue
         self.crashed = spec.crashed
-        self.careful = bool(spec.crashed)  # and a marker: set where the Processor runs (__call__)
         # A batch handler delivers one message as a batch of one (on a careful re-run, so that a
         # dead worker names its message).
         self.one_handler = _one_of(self.handler) if self.handler is not None and self.batch_size else self.handler
+
+    @property
+    def careful(self) -> bool:
+        """On a careful re-run (after a worker died), messages are marked in flight or some killed a worker."""
+        return self.marker is not None or bool(self.crashed)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """One result per batch, in the order of the batches (engine/staging.py pairs them)."""
         # Here, not in __init__: this runs in the worker (a Spark executor's, or a small cycle's).
         self.marker = Marker(self.spec.inflight) if self.spec.inflight else None
-        self.careful = self.marker is not None or bool(self.crashed)
         output.install()
         if self.timeout is not None and self.handler is not None:
             watchdog.prepare(self.marker.uri if self.marker is not None else None)
