@@ -47,6 +47,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import event_row
 from poison_pipeline.storage.intake import UNSENT, ensure_intake, record_intake
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, TRANSMISSION, QueueTables
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 ENDED = "ended"
 # The dead-letter reason of the messages removed and the event kind of the end itself.
@@ -116,21 +117,22 @@ def end_conversation(
     check_end_request(declaration, queue, conversation_id, code, description, actor)
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
-    with tables.lease("end-conversation"):
-        return _end_held(declaration, tables, conversation_id, code, description, actor, now or datetime.now(UTC))
+    with queue_writer(tables, "end-conversation") as writer:
+        return _end_held(declaration, writer, conversation_id, code, description, actor, now or datetime.now(UTC))
 
 
-def _end_held(declaration: Declaration, tables: QueueTables, conversation_id: str, code: int, description: str,
+def _end_held(declaration: Declaration, writer: QueueWriter, conversation_id: str, code: int, description: str,
               actor: str, now: datetime) -> EndResult:
+    tables = writer.tables
     queue = tables.queue
-    record, already = _record_end(tables, EndRecord(conversation_id, code, description, actor, now))
-    _event_once(tables, _id("evt", CONVERSATION_ENDED, queue, conversation_id), CONVERSATION_ENDED,
+    record, already = _record_end(writer, EndRecord(conversation_id, code, description, actor, now))
+    _event_once(writer, _id("evt", CONVERSATION_ENDED, queue, conversation_id), CONVERSATION_ENDED,
                 record.at, record.actor, _ended_reason(record))
-    removed = {table: _move_to_dead_letter(tables, table, conversation_id, now) for table in tables.waiting}
-    unsent = _drop_pending_sends(declaration, tables, conversation_id, now)
-    notified = _notify_senders(declaration, tables, record, now)
+    removed = {table: _move_to_dead_letter(writer, table, conversation_id, now) for table in tables.waiting}
+    unsent = _drop_pending_sends(declaration, writer, conversation_id, now)
+    notified = _notify_senders(declaration, writer, record, now)
     hook = declaration.queue(queue).on_conversation_end
-    ran, ran_before, error = _clean_up(tables, hook, record, actor, now)
+    ran, ran_before, error = _clean_up(writer, hook, record, actor, now)
     return EndResult(queue, conversation_id, already, record.code, record.description, record.actor,
                      record.at, removed, notified, hook, ran, ran_before, error, unsent)
 
@@ -218,26 +220,28 @@ def _recorded(tables: QueueTables, conversation_id: str) -> EndRecord | None:
     return EndRecord(conversation_id, first["code"], first["description"], first["actor"], first["at"])
 
 
-def _record_end(tables: QueueTables, wanted: EndRecord) -> tuple[EndRecord, bool]:
+def _record_end(writer: QueueWriter, wanted: EndRecord) -> tuple[EndRecord, bool]:
     """The recorded end, and whether it was recorded before this call."""
+    tables = writer.tables
     existing = _recorded(tables, wanted.conversation_id)
     if existing is not None:
         return existing, True
     row = {"conversation_id": wanted.conversation_id, "state": ENDED, "code": wanted.code,
            "description": wanted.description, "actor": wanted.actor, "at": wanted.at}
     data = pa.Table.from_pylist([row], schema=schemas.CONVERSATIONS)
-    if tables.append(CONVERSATIONS, data, app_id=_app_id(tables, "end", wanted.conversation_id), version=1):
+    if writer.append(CONVERSATIONS, data, app_id=_app_id(tables, "end", wanted.conversation_id), version=1):
         return wanted, False
     # Another call recorded it between our read and our append: theirs is the end.
     existing = _recorded(tables, wanted.conversation_id)
     return (existing or wanted), True
 
 
-def _event_once(tables: QueueTables, event_id: str, kind: str, at: datetime, actor: str, reason: str) -> bool:
+def _event_once(writer: QueueWriter, event_id: str, kind: str, at: datetime, actor: str, reason: str) -> bool:
+    tables = writer.tables
     if _has_event(tables, event_id):
         return False
     row = {**event_row(kind, at, actor, reason), "event_id": event_id}
-    tables.append(EVENTS, pa.Table.from_pylist([row], schema=schemas.EVENTS))
+    writer.append(EVENTS, pa.Table.from_pylist([row], schema=schemas.EVENTS))
     return True
 
 
@@ -272,10 +276,11 @@ def _already_moved(tables: QueueTables, conversation_id: str, from_table: str) -
     return set(zip(rows["message_id"].to_pylist(), rows["batch_id"].to_pylist(), strict=True))
 
 
-def _move_to_dead_letter(tables: QueueTables, table: str, conversation_id: str, now: datetime,
+def _move_to_dead_letter(writer: QueueWriter, table: str, conversation_id: str, now: datetime,
                          within: pads.Expression | None = None) -> int:
     """Append the conversation's messages waiting in `table` (those matching `within`, if given) to
     dead_letter, then remove them there."""
+    tables = writer.tables
     source = tables.open(table)
     version = source.version()
     match = pads.field("conversation_id") == conversation_id
@@ -297,29 +302,30 @@ def _move_to_dead_letter(tables: QueueTables, table: str, conversation_id: str, 
             pending = rows.filter(pa.array([key not in moved for key in keys], pa.bool_()))
         if pending.num_rows:
             if table == TRANSMISSION:
-                ensure_intake(tables, now)
-            tables.append(DEAD_LETTER, _as_dead_letter(pending, table, now), app_id=app_id, version=version)
+                ensure_intake(writer, now)
+            writer.append(DEAD_LETTER, _as_dead_letter(pending, table, now), app_id=app_id, version=version)
             if table == TRANSMISSION:  # sends that never left: they enter their sender's dead_letter
-                record_intake(tables, UNSENT, None, pending.num_rows, now, app_id, version)
+                record_intake(writer, UNSENT, None, pending.num_rows, now, app_id, version)
     # A null comparison (a message without a conversation) is kept.
-    _delete_moved(tables, table, source, ~match | match.is_null(), rows["batch_id"].to_pylist())
+    _delete_moved(writer, table, source, ~match | match.is_null(), rows["batch_id"].to_pylist())
     return rows.num_rows
 
 
-def _delete_moved(tables: QueueTables, table: str, source: DeltaTable, keep: pads.Expression,
+def _delete_moved(writer: QueueWriter, table: str, source: DeltaTable, keep: pads.Expression,
                   batch_ids: list[str | None]) -> None:
     # Only the batches that were read: a message of this conversation enqueued meanwhile is in a new
     # batch, was not appended to dead_letter, and must stay until the next call. The snapshot they
     # were read from makes a cycle that took those batches meanwhile fail this commit loudly.
-    tables.replace_batches(table, batch_ids, keep=keep, snapshot=source)
+    writer.replace_batches(table, batch_ids, keep=keep, snapshot=source)
 
 
-def _drop_pending_sends(declaration: Declaration, tables: QueueTables, conversation_id: str,
+def _drop_pending_sends(declaration: Declaration, writer: QueueWriter, conversation_id: str,
                         now: datetime) -> dict[str, int]:
     """Delete the messages still waiting to be sent on the conversation, as Service Broker deletes them
     from sys.transmission_queue when a conversation ends: this queue's own sends on it, and other
     queues' sends on it to this queue. Each sender finds them in its dead_letter (reason
     conversation_ended, from_table transmission); another queue's table is changed under its lease."""
+    tables = writer.tables
     unsent = {}
     for sender in declaration.queues:
         own = sender == tables.queue
@@ -327,8 +333,8 @@ def _drop_pending_sends(declaration: Declaration, tables: QueueTables, conversat
         if not sender_tables.exists(TRANSMISSION) or not _any_row(sender_tables.open(TRANSMISSION), conversation_id):
             continue
         within = None if own else pads.field("target_queue") == tables.queue
-        with sender_tables.lease("end-conversation"):
-            count = _move_to_dead_letter(sender_tables, TRANSMISSION, conversation_id, now, within)
+        with queue_writer(sender_tables, "end-conversation") as sender_writer:
+            count = _move_to_dead_letter(sender_writer, TRANSMISSION, conversation_id, now, within)
         if count:
             unsent[sender] = count
     return unsent
@@ -345,9 +351,10 @@ def _left_unsent(sender: QueueTables, ended: pads.Expression) -> bool:
     return bool(sender.open(DEAD_LETTER).to_pyarrow_dataset().head(1, columns=["message_id"], filter=unsent).num_rows)
 
 
-def _notify_senders(declaration: Declaration, tables: QueueTables, record: EndRecord,
+def _notify_senders(declaration: Declaration, writer: QueueWriter, record: EndRecord,
                     now: datetime) -> tuple[str, ...]:
     """One conversation_error notification per sender of a message the end removed or left unsent."""
+    tables = writer.tables
     dead_letter = tables.open(DEAD_LETTER)
     # Senders come from dead_letter, not from this call's moves: after a crash that followed the
     # moves, the messages are no longer in the waiting tables but their senders still need telling.
@@ -373,14 +380,15 @@ def _notify_senders(declaration: Declaration, tables: QueueTables, record: EndRe
         for s in new
     ], schema=schemas.NOTIFICATIONS)
     app_id = _app_id(tables, "notify", record.conversation_id)
-    if not tables.append(NOTIFICATIONS, data, app_id=app_id, version=dead_letter.version()):
+    if not writer.append(NOTIFICATIONS, data, app_id=app_id, version=dead_letter.version()):
         return ()  # another call wrote them from the same dead_letter version
     return tuple(new)
 
 
-def _clean_up(tables: QueueTables, hook: str | None, record: EndRecord, actor: str,
+def _clean_up(writer: QueueWriter, hook: str | None, record: EndRecord, actor: str,
               now: datetime) -> tuple[bool, bool, str | None]:
     """Run the clean-up hook unless it already ran: (ran now, ran before, error)."""
+    tables = writer.tables
     if hook is None:
         return False, False, None
     event_id = _cleanup_id(tables, record.conversation_id)
@@ -397,9 +405,9 @@ def _clean_up(tables: QueueTables, hook: str | None, record: EndRecord, actor: s
                         f"clean-up hook {hook} failed for conversation {record.conversation_id!r}: {problem}")
         # One failure event per try, all named after the conversation so the last error can be found.
         row["event_id"] = f"{_failed_cleanup_prefix(tables, record.conversation_id)}{uuid.uuid4().hex}"
-        tables.append(EVENTS, pa.Table.from_pylist([row], schema=schemas.EVENTS))
+        writer.append(EVENTS, pa.Table.from_pylist([row], schema=schemas.EVENTS))
         return False, False, problem
-    _event_once(tables, event_id, CONVERSATION_CLEANUP, now, actor,
+    _event_once(writer, event_id, CONVERSATION_CLEANUP, now, actor,
                 f"clean-up hook {hook} ran for conversation {record.conversation_id!r}")
     return True, False, None
 
@@ -445,12 +453,13 @@ def unfinished_cleanups(declaration: Declaration, tables: QueueTables) -> list[U
     return unfinished
 
 
-def retry_cleanups(declaration: Declaration, tables: QueueTables, now: datetime) -> None:
+def retry_cleanups(declaration: Declaration, writer: QueueWriter, now: datetime) -> None:
     """Run the clean-up hook again for every ended conversation whose hook has not succeeded yet
     (hooks are documented as safe to repeat); a failure is recorded again and retried next time."""
+    tables = writer.tables
     hook = declaration.queue(tables.queue).on_conversation_end
     pending = {u.conversation_id for u in unfinished_cleanups(declaration, tables)}
     for conversation_id in sorted(pending):
         record = _recorded(tables, conversation_id)
         if record is not None:
-            _clean_up(tables, hook, record, "poison_pipeline", now)
+            _clean_up(writer, hook, record, "poison_pipeline", now)

@@ -44,6 +44,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.intake import UNSENT, ensure_intake, record_intake
 from poison_pipeline.storage.tables import NOTIFICATIONS, TRANSMISSION, QueueTables
+from poison_pipeline.storage.writer import LeaseFreeAppender, QueueWriter, queue_writer
 
 LIFETIME_EXPIRED = -8489
 TARGET_DROPPED = -8470
@@ -141,11 +142,12 @@ def transmit(declaration: Declaration, queue: str, now: datetime | None = None,
     tables = QueueTables.of(declaration, queue)
     if not tables.exists(TRANSMISSION):
         return TransmitResult(queue)
-    with tables.lease("transmission", run_id):
-        return _transmit_held(declaration, tables, now or datetime.now(UTC))
+    with queue_writer(tables, "transmission", run_id) as writer:
+        return _transmit_held(declaration, writer, now or datetime.now(UTC))
 
 
-def _transmit_held(declaration: Declaration, tables: QueueTables, now: datetime) -> TransmitResult:
+def _transmit_held(declaration: Declaration, writer: QueueWriter, now: datetime) -> TransmitResult:
+    tables = writer.tables
     queue = tables.queue
     result = TransmitResult(queue)
     snapshot = tables.open(TRANSMISSION)
@@ -200,18 +202,18 @@ def _transmit_held(declaration: Declaration, tables: QueueTables, now: datetime)
     for target, rows in accepted.items():
         target_tables = QueueTables.of(declaration, target)
         target_tables.ensure()
-        ensure_intake(target_tables, now)
-        target_tables.append(INBOUND, _inbound_rows(rows, f"tx-{queue}-{version}", now), app_id=app_id,
-                             version=version)
-        record_intake(target_tables, f"sent by {queue}", f"tx-{queue}-{version}", len(rows), now, app_id, version)
+        appender = LeaseFreeAppender(target_tables)
+        ensure_intake(appender, now)
+        appender.append(INBOUND, _inbound_rows(rows, f"tx-{queue}-{version}", now), app_id=app_id, version=version)
+        record_intake(appender, f"sent by {queue}", f"tx-{queue}-{version}", len(rows), now, app_id, version)
         result.delivered[target] = len(rows)
     if dead:
-        ensure_intake(tables, now)
+        ensure_intake(writer, now)
         unsent = pa.concat_tables(dead)
-        tables.append(DEAD_LETTER, unsent, app_id=app_id, version=version)
-        record_intake(tables, UNSENT, f"tx-{queue}-{version}", unsent.num_rows, now, app_id, version)
+        writer.append(DEAD_LETTER, unsent, app_id=app_id, version=version)
+        record_intake(writer, UNSENT, f"tx-{queue}-{version}", unsent.num_rows, now, app_id, version)
     if notes:
-        tables.append(NOTIFICATIONS, pa.Table.from_pylist(notes, schema=schemas.NOTIFICATIONS), app_id=app_id,
+        writer.append(NOTIFICATIONS, pa.Table.from_pylist(notes, schema=schemas.NOTIFICATIONS), app_id=app_id,
                       version=version)
     if leaving:
         touched = sorted({r["batch_id"] for r in ordered if r["message_id"] in leaving})
@@ -219,7 +221,7 @@ def _transmit_held(declaration: Declaration, tables: QueueTables, now: datetime)
         copies = None
         if resent:
             copies = pa.Table.from_pylist([{**r, "batch_id": touched[0]} for r in resent], schema=schemas.TRANSMISSION)
-        tables.replace_batches(TRANSMISSION, touched, keep, snapshot=snapshot, add=copies)
+        writer.replace_batches(TRANSMISSION, touched, keep, snapshot=snapshot, add=copies)
     for failure in result.failures:
         end_conversation(declaration, queue, failure.conversation_id, failure.code, failure.description,
                          actor="poison_pipeline")

@@ -38,6 +38,7 @@ from poison_pipeline.engine.delivery import Delivery, Made, attempt, deliver
 from poison_pipeline.handlers import batch_size
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.inflight import Marker
+from poison_pipeline.storage.lease import LeaseGuard
 
 # The batch columns in which a big cycle marks its duplicates, messages of ended conversations and
 # conversations waiting elsewhere (engine/dedup.py, engine/screening.py) instead of sets in the spec:
@@ -76,6 +77,8 @@ class CycleSpec:
     # (delivery.CRASH, or delivery.TIMEOUT when the watchdog killed it).
     inflight: str | None = None
     crashed: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Checked before every attempt: a worker whose cycle lost its lease stops delivering.
+    guard: LeaseGuard | None = None
 
     @property
     def is_poison(self) -> bool:
@@ -200,6 +203,7 @@ class Processor:
         self.moves_back = moves_back(spec.table)
         self.queue = spec.queue
         self.crashed = spec.crashed
+        self.guard = spec.guard
         # A batch handler delivers one message as a batch of one (on a careful re-run, so that a
         # dead worker names its message).
         self.one_handler = _one_of(self.handler) if self.handler is not None and self.batch_size else self.handler
@@ -297,6 +301,8 @@ class Processor:
         """Row `i` as its handler receives it at `attempt`: a fresh envelope each time, so that what
         a handler changes in its message (headers, or anything forced) never reaches the next
         attempt; the stored row is the batch's, untouched."""
+        if self.guard is not None:
+            self.guard.check()
         c = rows.columns
         envelope = Envelope(rows.message_id[i], c["message_type"][i], c["body"][i] or b"", c["encoding"][i],
                             rows.enqueued[i], rows.conversation_id[i], rows.sequence_number[i],  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_com
 from poison_pipeline.storage.events import append_events
 from poison_pipeline.storage.journal import JournalEntry
 from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION, QueueTables, schema_of
+from poison_pipeline.storage.writer import QueueWriter
 
 
 def _staged(entry: JournalEntry) -> pads.Dataset:
@@ -109,20 +110,35 @@ def _summary(staged: pads.Dataset) -> Counter[tuple[str, str]]:
     return counted
 
 
-def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
-                 contracts: dict[str, str] | None = None) -> dict[str, float]:
+class SequenceReused(RuntimeError):
+    """A new cycle found its sequence number already committed to a table: its journal is behind
+    the tables. Nothing of the cycle is committed and its input stays where it is."""
+
+
+def apply_staged(writer: QueueWriter, entry: JournalEntry, cycle: int,
+                 contracts: dict[str, str] | None = None, fresh: bool = False) -> dict[str, float]:
     """Commit a staged cycle; return the counts per disposition and of attempts. `contracts` are
-    the declared queues' contracts, recorded with what the cycle's handlers sent to them."""
+    the declared queues' contracts, recorded with what the cycle's handlers sent to them. A `fresh`
+    cycle (staged by this run, not recovered) must find none of its commits made already."""
+    tables = writer.tables
     now = datetime.fromisoformat(entry.started_at)
     staged = _staged(entry)
     app_id = f"poison_pipeline/{tables.queue}/{entry.table}"
 
+    def reused(table: str) -> SequenceReused:
+        return SequenceReused(
+            f"{tables.describe(table)} already has a commit of the {entry.table} cycle {entry.seq}, which this "
+            "run staged as new: the journal is behind the tables. Nothing more is committed and the cycle's "
+            "messages stay where they are; report this as a defect")
+
     def commit(table: str, data: pa.Table) -> None:
-        if data.num_rows:
-            tables.append(table, data, app_id=app_id, version=entry.seq)
+        if data.num_rows and not writer.append(table, data, app_id=app_id, version=entry.seq) and fresh:
+            raise reused(table)
 
     def commit_stream(table: str, data: _Stream) -> int:
-        if not data.empty and not tables.append(table, data.reader(), app_id=app_id, version=entry.seq):
+        if not data.empty and not writer.append(table, data.reader(), app_id=app_id, version=entry.seq):
+            if fresh:
+                raise reused(table)
             data.drain()
         return data.rows
 
@@ -153,10 +169,10 @@ def apply_staged(tables: QueueTables, entry: JournalEntry, cycle: int,
     # One commit under the cycle's app transaction: a replay writes neither event again.
     if disables:
         events, state = state_commit(tables, [*disables, *failed], enabled=False)
-        append_events(tables, events, app_id=app_id, version=entry.seq, also=[state])
+        append_events(writer, events, app_id=app_id, version=entry.seq, also=[state])
     elif failed:
-        append_events(tables, pa.Table.from_pylist(failed, schema=schemas.EVENTS), app_id=app_id, version=entry.seq)
-    tables.remove_batches(entry.table, entry.batches)
+        append_events(writer, pa.Table.from_pylist(failed, schema=schemas.EVENTS), app_id=app_id, version=entry.seq)
+    writer.remove_batches(entry.table, entry.batches)
     counts: dict[str, float] = {}
     for (_, disposition), count in sorted(summary.items()):
         counts[disposition] = counts.get(disposition, 0) + count

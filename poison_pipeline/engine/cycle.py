@@ -49,9 +49,10 @@ from poison_pipeline.storage.faults import StorageFailure
 from poison_pipeline.storage.files import files_dataset
 from poison_pipeline.storage.inflight import culprits
 from poison_pipeline.storage.intake import settle_intake
-from poison_pipeline.storage.journal import JournalEntry, journal_uri, read_entry, remove_tree, write_entry
-from poison_pipeline.storage.lease import Holder, Lease
+from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
+from poison_pipeline.storage.lease import Holder, LeaseGuard
 from poison_pipeline.storage.tables import QueueTables, TableStats
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 
 @dataclass
@@ -71,18 +72,16 @@ class CycleReport:
     interrupted: Completed = field(default_factory=Completed)
 
 
-def _journal(tables: QueueTables, table: str) -> str:
-    return journal_uri(tables, table)
-
-
-def _finish(declaration: Declaration, tables: QueueTables, entry: JournalEntry, cycle: int) -> dict[str, float]:
+def _finish(declaration: Declaration, writer: QueueWriter, entry: JournalEntry, cycle: int,
+            fresh: bool) -> dict[str, float]:
+    """Commit a staged cycle; `fresh` when this run staged it (not a recovery of an earlier run's)."""
     contracts = {name: queue.contract for name, queue in declaration.queues.items()}
-    counts = apply_staged(tables, entry, cycle, contracts)
+    counts = apply_staged(writer, entry, cycle, contracts, fresh=fresh)
     # Before the cycle is marked done, so a crash here ends them on the re-run (ending is repeatable).
     if counts.get("ended"):
-        counts.update(end_failed_conversations(declaration, tables, entry))
+        counts.update(end_failed_conversations(declaration, writer.tables, entry))
     entry.state, entry.summary = "done", counts
-    write_entry(_journal(tables, entry.table), entry)
+    write_entry(writer, entry)
     remove_tree(entry.staging)
     return counts
 
@@ -163,8 +162,8 @@ def run_cycle(
         raise ValueError(f"{table!r} is not a waiting table of {queue!r}: {', '.join(tables.waiting)}")
     try:
         tables.ensure()
-        with tables.lease(f"{table} cycle", run_id, on_wait) as lease:
-            report = _run_held(spark, declaration, tables, table, now, run_id, lease)
+        with queue_writer(tables, f"{table} cycle", run_id, on_wait) as writer:
+            report = _run_held(spark, declaration, writer, table, now, run_id)
             report.cleanup_failures = unfinished_cleanups(declaration, tables)
             return report
     except StorageFailure as failure:
@@ -174,31 +173,32 @@ def run_cycle(
             "accepts writes, completes it as after a crash (nothing committed twice)") from failure.__cause__
 
 
-def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTables, table: str,
-              now: datetime | None, run_id: str, lease: Lease) -> CycleReport:
+def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWriter, table: str,
+              now: datetime | None, run_id: str) -> CycleReport:
     started = time.perf_counter()
+    tables, lease = writer.tables, writer.lease
     queue = tables.queue
     queue_decl = declaration.queue(queue)
     report = CycleReport(queue, table)
     cycle = cycle_number(table, queue_decl.policy)
-    previous = read_entry(_journal(tables, table))
+    previous = read_entry(tables, table)
     seq = 1
     if previous is not None:
         seq = previous.seq if previous.state == "planned" else previous.seq + 1
         if previous.state == "staged":
-            lease.check()
-            report.recovered = _finish(declaration, tables, previous, cycle)
+            writer.check()
+            report.recovered = _finish(declaration, writer, previous, cycle, fresh=False)
         elif previous.state == "planned":
             remove_tree(previous.staging)  # a compute that died: nothing of it was committed
-    lease.check()
-    report.interrupted = complete_interrupted(declaration, tables, run_id)
-    settle_intake(tables)
+    writer.check()
+    report.interrupted = complete_interrupted(declaration, writer, run_id)
+    settle_intake(writer)
     state = queue_state(tables)
     if not state.enabled:
         report.skipped = f"queue {queue!r} is disabled: {state.reason}"
         return report
     now = now or datetime.now(UTC)
-    retry_cleanups(declaration, tables, now)
+    retry_cleanups(declaration, writer, now)
     stats = tables.stats(table, now)
     if stats.oldest is not None:
         report.oldest_age_s = (now - stats.oldest).total_seconds()
@@ -213,7 +213,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
     # Per holder: a holder that lost its lease and still computes never writes where the next one stages.
     entry = JournalEntry(seq, "planned", table, run_id, now.isoformat(), list(stats.due_batches),
                          tables.work_uri("staging", table, f"{seq}-{lease.holder_id}"))
-    write_entry(_journal(tables, table), entry)
+    write_entry(writer, entry)
     ordered = queue_decl.policy.ordering is Ordering.CONVERSATION
     window_start = (now - queue_decl.policy.dedup_window).date().isoformat()
     ledger = Ledger.within(tables, window_start)
@@ -250,6 +250,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
         losers=duplicates.losers,
         ended=frozenset(ended_conversations(tables)) if small else frozenset(),
         blocked=blocked_conversations(tables, table, list(stats.due_batches)) if ordered and small else {},
+        guard=LeaseGuard.of(lease),
     )
     if rows is not None:
         rows = sorted_in_conversation_order(rows) if ordered else rows
@@ -261,14 +262,14 @@ def _run_held(spark: SessionSource, declaration: Declaration, tables: QueueTable
                                     staging=entry.staging, null_columns=stats.null_columns)
     with held:
         report.worker_deaths = _stage(deliver, spec, tables.work_uri("inflight", table, lease.holder_id))
-    lease.check()
+    writer.check()
     entry.state = "staged"
-    write_entry(_journal(tables, table), entry)
+    write_entry(writer, entry)
     report.seq = seq
-    report.counts = _finish(declaration, tables, entry, cycle)
+    report.counts = _finish(declaration, writer, entry, cycle, fresh=True)
     if pending_count(tables):
         # What this cycle's handlers sent is offered to its targets in the same run.
-        lease.check()
+        writer.check()
         sent = transmit(declaration, queue, now, run_id)
         report.counts.update({"transmitted": sum(sent.delivered.values()), "conversation_errors": len(sent.failures),
                               "unsent": sent.unsent})

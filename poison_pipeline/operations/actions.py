@@ -17,15 +17,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from deltalake import write_deltalake
 from rich import box
 from rich.table import Table
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations.render import render, when
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
+from poison_pipeline.storage.writer import QueueWriter
 
 PLANNED, DONE, UNDONE = "planned", "done", "undone"
 
@@ -89,18 +88,19 @@ def planned_actions(tables: QueueTables, kinds: Sequence[str]) -> list[Action]:
     return sorted((_from_row(row) for row in rows), key=lambda action: action.at)
 
 
-def begin_action(tables: QueueTables, kind: str, actor: str, arguments: dict[str, Any],
+def begin_action(writer: QueueWriter, kind: str, actor: str, arguments: dict[str, Any],
                  touched: list[tuple[QueueTables, str]], action_id: str | None = None,
                  run_id: str = "manual", now: datetime | None = None) -> Action:
     """Record an action as planned (with the versions of the tables it will touch), or return the
     recorded one when `action_id` names an action already begun."""
+    tables = writer.tables
     tables.ensure()
     if action_id is not None and (existing := find_action(tables, action_id)) is not None:
         return existing
     action = Action(action_id or new_action_id(kind), kind, tables.queue, actor, now or datetime.now(UTC),
                     arguments, PLANNED, {}, {_table_key(t, name): {"before": table_version(t, name), "after": None}
                                              for t, name in touched}, run_id)
-    tables.append(ACTIONS, pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS))
+    writer.append(ACTIONS, pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS))
     return action
 
 
@@ -112,17 +112,14 @@ def _row(action: Action) -> dict[str, Any]:
             "finished_at": action.finished_at}
 
 
-def _update(tables: QueueTables, action: Action) -> None:
+def _update(writer: QueueWriter, action: Action) -> None:
     # Written back as plain strings: delta-rs's update writes string_view columns (see replace_batches).
     quoted = action.action_id.replace("'", "''")
-    tables.check_lease()
-    target = tables.open(ACTIONS)
-    with writing(f"recording action {action.action_id} as {action.state}", tables.describe(ACTIONS)):
-        write_deltalake(target, pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS),
-                        mode="overwrite", predicate=f"action_id = '{quoted}'")
+    writer.overwrite_where(ACTIONS, pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS),
+                           f"action_id = '{quoted}'", f"recording action {action.action_id} as {action.state}")
 
 
-def finish_action(tables: QueueTables, action: Action, counts: dict[str, Any],
+def finish_action(writer: QueueWriter, action: Action, counts: dict[str, Any],
                   touched: list[tuple[QueueTables, str]], now: datetime | None = None) -> Action:
     """Record the action done with its counts and the versions it left the tables at."""
     versions = {key: dict(value) for key, value in action.versions.items()}
@@ -130,13 +127,13 @@ def finish_action(tables: QueueTables, action: Action, counts: dict[str, Any],
         versions.setdefault(_table_key(t, name), {"before": None})["after"] = table_version(t, name)
     done = Action(action.action_id, action.kind, action.queue, action.actor, action.at, action.arguments, DONE,
                   counts, versions, action.run_id, now or datetime.now(UTC))
-    _update(tables, done)
+    _update(writer, done)
     return done
 
 
-def mark_undone(tables: QueueTables, action: Action) -> Action:
+def mark_undone(writer: QueueWriter, action: Action) -> Action:
     undone = Action(**{**action.__dict__, "state": UNDONE})
-    _update(tables, undone)
+    _update(writer, undone)
     return undone
 
 

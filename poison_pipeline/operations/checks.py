@@ -21,6 +21,7 @@ from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.storage.intake import accepted_total, ensure_intake
 from poison_pipeline.storage.message_ids import message_ids
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import LeaseFreeAppender
 
 CONSERVATION = "conservation"
 ONE_PLACE = "one_place"
@@ -51,7 +52,7 @@ class CheckOutcome:
 def check_conservation(tables: QueueTables) -> CheckOutcome:
     accepted = accepted_total(tables)
     if accepted is None:
-        ensure_intake(tables)  # a lake older than the intake ledger: its opening balance starts it
+        ensure_intake(LeaseFreeAppender(tables))  # a lake older than the intake ledger: its opening balance starts it
         accepted = accepted_total(tables) or 0
     line = conservation(tables)
     terms: dict[str, int | float | str | list[str] | None] = {

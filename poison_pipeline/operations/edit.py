@@ -38,6 +38,7 @@ from poison_pipeline.operations.redrive import Replacement, redrive
 from poison_pipeline.operations.selection import FAILURE_TABLES, Selection
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import EDITS, QueueTables
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 
 class EditError(ValueError):
@@ -190,7 +191,7 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
     tables.ensure()
     redrive_id = f"{edit_id}-redrive"
     touched = [(tables, EDITS), (tables, source), (tables, INBOUND)]
-    with tables.lease("edit", run_id):
+    with queue_writer(tables, "edit", run_id) as writer:
         action = find_action(tables, edit_id)
         if action is not None and action.state == DONE:  # another run completed it meanwhile
             return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now)
@@ -212,9 +213,9 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
                 arguments = {"message_id": message_id, "from": source, "to": queue, "redrive_id": redrive_id,
                              "body_bytes": len(body), "body_sha256": hashlib.sha256(body).hexdigest(),
                              "headers": given}
-                action = begin_action(tables, "edit", actor, arguments, touched, action_id=edit_id,
+                action = begin_action(writer, "edit", actor, arguments, touched, action_id=edit_id,
                                       run_id=run_id, now=at)
-            _record(tables, edit_id, row)
+            _record(writer, edit_id, row)
         new_headers = dict(row["new_headers"] or [])
         sent = redrive(declaration, queue, source, Selection(ids=(message_id,)), redrive_id=redrive_id,
                        force=True, actor=action.actor, run_id=run_id, now=now,
@@ -223,14 +224,14 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
         # now, and what it moved then is in its own record.
         redriven = find_action(tables, redrive_id) if sent.already_done else None
         moved = int(redriven.counts.get("moved", 0)) if redriven is not None else sent.moved
-        done = finish_action(tables, action, {"moved": moved}, touched)
+        done = finish_action(writer, action, {"moved": moved}, touched)
     result = _result(edit_id, queue, source, message_id, row["new_body"], row, action.actor)
     result.moved, result.action_id = moved, done.action_id
     return result
 
 
-def _record(tables: QueueTables, edit_id: str, row: dict[str, Any]) -> None:
-    tables.append(EDITS, pa.Table.from_pylist([row], schema=schemas.EDITS), app_id=f"poison_pipeline/{edit_id}",
+def _record(writer: QueueWriter, edit_id: str, row: dict[str, Any]) -> None:
+    writer.append(EDITS, pa.Table.from_pylist([row], schema=schemas.EDITS), app_id=f"poison_pipeline/{edit_id}",
                   version=1)
 
 

@@ -8,6 +8,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations.actions import Action, begin_action, finish_action
 from poison_pipeline.storage.control import QueueState, queue_state, set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables
+from poison_pipeline.storage.writer import queue_writer
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,9 @@ def enable(declaration: Declaration, queue: str, actor: str, reason: str, run_id
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
     touched = [(tables, EVENTS)]
-    with tables.lease("enable", run_id):
+    with queue_writer(tables, "enable", run_id) as writer:
         before = queue_state(tables)
-        action = begin_action(tables, "enable", actor, {"reason": reason}, touched, run_id=run_id)
+        action = begin_action(writer, "enable", actor, {"reason": reason}, touched, run_id=run_id)
         changed = set_enabled(tables, True, actor, reason, run_id)
-        action = finish_action(tables, action, {"changed": changed}, touched)
+        action = finish_action(writer, action, {"changed": changed}, touched)
     return EnableResult(queue, changed, before, action)

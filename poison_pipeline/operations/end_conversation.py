@@ -12,6 +12,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER
 from poison_pipeline.operations.actions import Action, begin_action, finish_action
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
+from poison_pipeline.storage.writer import queue_writer
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,12 @@ def end_conversation_by_operator(declaration: Declaration, queue: str, conversat
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
     touched = [(tables, t) for t in (*tables.waiting, DEAD_LETTER, CONVERSATIONS, EVENTS, NOTIFICATIONS)]
-    with tables.lease("end-conversation", run_id):
-        action = begin_action(tables, "end_conversation", actor, {
+    with queue_writer(tables, "end-conversation", run_id) as writer:
+        action = begin_action(writer, "end_conversation", actor, {
             "conversation_id": conversation_id, "code": code, "description": description}, touched, run_id=run_id)
         result = end_conversation(declaration, queue, conversation_id, code, description, actor, now)
         counts = {"removed": result.removed_total, "unsent": sum(result.unsent.values()),
                   "notified": len(result.notified), "already_ended": result.already_ended,
                   "hook_error": result.hook_error}
-        action = finish_action(tables, action, counts, touched)
+        action = finish_action(writer, action, counts, touched)
     return OperatorEnd(result, action)

@@ -18,7 +18,7 @@ from poison_pipeline.operations.actions import PLANNED, Action, find_action, pla
 from poison_pipeline.operations.edit import edit, edit_row
 from poison_pipeline.operations.redrive import planned_rows, redrive
 from poison_pipeline.operations.undo import find_recorded, undo
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import QueueWriter
 
 # Redrives before edits (an edit completes through its own redrive) and undos last.
 _ORDER = ("redrive", "edit", "purge", "undo")
@@ -32,11 +32,12 @@ class Completed:
     left: dict[str, str] = field(default_factory=dict)
 
 
-def complete_interrupted(declaration: Declaration, tables: QueueTables, run_id: str) -> Completed:
+def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: str) -> Completed:
     """Complete every interrupted redrive, edit, purge and undo of `tables.queue`; call holding its lease."""
+    tables = writer.tables
     outcome = Completed()
     for action in sorted(planned_actions(tables, _ORDER), key=lambda a: _ORDER.index(a.kind)):
-        why = _complete(declaration, tables, action, run_id)
+        why = _complete(declaration, writer, action, run_id)
         if why is None:
             outcome.completed.append(action.action_id)
         else:
@@ -49,8 +50,9 @@ def complete_interrupted(declaration: Declaration, tables: QueueTables, run_id: 
     return outcome
 
 
-def _complete(declaration: Declaration, tables: QueueTables, action: Action, run_id: str) -> str | None:
+def _complete(declaration: Declaration, writer: QueueWriter, action: Action, run_id: str) -> str | None:
     """None once `action` is complete, else why it was left as it is."""
+    tables = writer.tables
     args = action.arguments
     if action.kind == "redrive":
         if planned_rows(tables, action.action_id) is None:
@@ -64,7 +66,7 @@ def _complete(declaration: Declaration, tables: QueueTables, action: Action, run
         edit(declaration, args["message_id"], row["new_body"], queue=tables.queue, source=args["from"],
              edit_id=action.action_id, actor=action.actor, run_id=run_id)
     elif action.kind == "purge":
-        purging.finish_interrupted(declaration, tables, action)
+        purging.finish_interrupted(declaration, writer, action)
     elif action.kind == "undo":
         undone = find_recorded(declaration, args["action_id"])
         if undone is None or {key.split("/", 1)[0] for key in undone.versions} != {tables.queue}:

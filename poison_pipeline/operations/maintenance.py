@@ -27,8 +27,9 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.storage.journal import journal_uri, read_entry
+from poison_pipeline.storage.journal import read_entry
 from poison_pipeline.storage.tables import ACTIONS, INTAKE, WRITER, QueueTables
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 # Delta's own default (delta.deletedFileRetentionDuration): readers of a version that old still work.
 DEFAULT_RETENTION = timedelta(days=7)
@@ -61,11 +62,11 @@ def maintain(declaration: Declaration, queue: str, *, vacuum: bool = True,
         raise ValueError(f"retention: {retention} must not be negative")
     tables = QueueTables.of(declaration, queue)
     done: list[TableMaintenance] = []
-    with tables.lease("maintenance", run_id):
+    with queue_writer(tables, "maintenance", run_id) as writer:
         keep = _undo_versions(tables)
         for table in (*tables.all_tables, INTAKE):
             if tables.exists(table):
-                done.append(_maintain_table(tables, table, retention if vacuum else None, keep.get(table, [])))
+                done.append(_maintain_table(writer, table, retention if vacuum else None, keep.get(table, [])))
     return Maintained(queue, retention.total_seconds() / 3600 if vacuum else None, tuple(done))
 
 
@@ -86,11 +87,12 @@ def _undo_versions(tables: QueueTables) -> dict[str, list[int]]:
     return {table: sorted(versions) for table, versions in keep.items()}
 
 
-def _maintain_table(tables: QueueTables, table: str, retention: timedelta | None,
+def _maintain_table(writer: QueueWriter, table: str, retention: timedelta | None,
                     keep_versions: list[int]) -> TableMaintenance:
+    tables = writer.tables
     target = tables.open(table)
     files_before, version_before = len(target.file_uris()), target.version()
-    entry = read_entry(journal_uri(tables, table)) if table in tables.waiting else None
+    entry = read_entry(tables, table) if table in tables.waiting else None
     if entry is not None and entry.state != "done":
         return TableMaintenance(table, files_before, files_before, version_before, version_before, 0,
                                 f"its {entry.state} cycle {entry.seq} awaits recovery by the next cycle")
@@ -98,13 +100,14 @@ def _maintain_table(tables: QueueTables, table: str, retention: timedelta | None
     # A file mixing a due batch with one not yet due holds the due one back (storage.tables): a
     # waiting table is compacted only when every row in it is due.
     if files_before > 1 and (waiting is None or waiting.due_rows == waiting.rows):
-        tables.check_lease()
-        target.optimize.compact(writer_properties=WRITER)  # as the product writes every table
-    tables.check_lease()
+        writer.check()
+        # As the product writes every table; the fence keeps a holder that lost its lease out.
+        target.optimize.compact(writer_properties=WRITER, commit_properties=writer.properties(target, table))
+    writer.check()
     target.create_checkpoint()
     vacuumed = 0
     if retention is not None:
-        tables.check_lease()
+        writer.check()
         vacuumed = len(target.vacuum(retention_hours=int(retention.total_seconds() // 3600), dry_run=False,
                                      enforce_retention_duration=False, keep_versions=keep_versions))
     target = DeltaTable(tables.uri(table), storage_options=tables.storage_options)

@@ -62,6 +62,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import read_plan, remove_tree, write_plan
 from poison_pipeline.storage.tables import ACTIONS, PURGED, QueueTables
 from poison_pipeline.storage.uri import fs_of
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 SAMPLE = 5
 KIND = "purge"
@@ -136,10 +137,10 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
         rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id or "dry-run", now)
         return _summary(rows, purge_id or "(dry run)", queue, table, True, age, cutoff, actor)
     tables.ensure()
-    with tables.lease(KIND, run_id):
-        resumed = _complete_interrupted(declaration, tables, skip=purge_id)
+    with queue_writer(tables, KIND, run_id) as writer:
+        resumed = _complete_interrupted(declaration, writer, skip=purge_id)
         if purge_id is not None and (recorded := find_action(tables, purge_id)) is not None:
-            result = _resume(declaration, tables, recorded)
+            result = _resume(declaration, writer, recorded)
             result.resumed = resumed
             return result
         purge_id = purge_id or f"purge-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
@@ -148,10 +149,10 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
         result.resumed = resumed
         if rows.num_rows == 0:
             return result  # nothing to purge: no table changes, nothing recorded
-        action = begin_action(tables, KIND, actor, {**arguments, "id": purge_id}, _touched(tables, table),
+        action = begin_action(writer, KIND, actor, {**arguments, "id": purge_id}, _touched(tables, table),
                               action_id=purge_id, run_id=run_id, now=now)
         write_plan(_plan_uri(tables, purge_id), rows)
-        _commit(tables, action, rows)
+        _commit(writer, action, rows)
         result.action_id = purge_id
         return result
 
@@ -192,18 +193,20 @@ def _read_plan(uri: str) -> pa.Table | None:
     return None if plan is None else plan.cast(schemas.PURGED)
 
 
-def _commit(tables: QueueTables, action: Action, rows: pa.Table) -> Action:
+def _commit(writer: QueueWriter, action: Action, rows: pa.Table) -> Action:
     """Steps 3 to 5, each safe to repeat."""
+    tables = writer.tables
     table = action.arguments["table"]
-    tables.append(PURGED, rows, app_id=f"poison_pipeline/{action.action_id}", version=1)
-    _remove(tables, table, rows)
-    done = finish_action(tables, action, {"selected": rows.num_rows, "purged": rows.num_rows},
+    writer.append(PURGED, rows, app_id=f"poison_pipeline/{action.action_id}", version=1)
+    _remove(writer, table, rows)
+    done = finish_action(writer, action, {"selected": rows.num_rows, "purged": rows.num_rows},
                          _touched(tables, table))
     remove_tree(tables.work_uri(KIND, action.action_id))
     return done
 
 
-def _remove(tables: QueueTables, table: str, rows: pa.Table) -> None:
+def _remove(writer: QueueWriter, table: str, rows: pa.Table) -> None:
+    tables = writer.tables
     ids = rows["message_id"].to_pylist()
     batches = sorted(set(rows["batch_id"].to_pylist()), key=lambda b: (b is None, b or ""))
     within = pads.field("message_id").isin(ids)
@@ -212,11 +215,12 @@ def _remove(tables: QueueTables, table: str, rows: pa.Table) -> None:
         in_batches = in_batches | pads.field("batch_id").is_null()
     still = tables.open(table).to_pyarrow_dataset().head(1, columns=["message_id"], filter=within & in_batches)
     if still.num_rows:  # a replay after the removal finds nothing left and commits nothing
-        tables.replace_batches(table, batches, keep=~within)
+        writer.replace_batches(table, batches, keep=~within)
 
 
-def _complete_interrupted(declaration: Declaration, tables: QueueTables, skip: str | None) -> list[str]:
+def _complete_interrupted(declaration: Declaration, writer: QueueWriter, skip: str | None) -> list[str]:
     """Complete every purge of this queue left `planned` (killed), but `skip` (the caller resumes it)."""
+    tables = writer.tables
     if not tables.exists(ACTIONS):
         return []
     planned = sorted(planned_actions(tables, [KIND]), key=lambda action: action.action_id)
@@ -239,8 +243,9 @@ def _sweep_plans(tables: QueueTables, keep: set[str]) -> None:
             remove_tree(tables.work_uri(KIND, entry.base_name))
 
 
-def finish_interrupted(declaration: Declaration, tables: QueueTables, action: Action) -> pa.Table:
+def finish_interrupted(declaration: Declaration, writer: QueueWriter, action: Action) -> pa.Table:
     """Complete purge `action`, left `planned` by a kill; call holding the queue's lease."""
+    tables = writer.tables
     uri = _plan_uri(tables, action.action_id)
     rows = _read_plan(uri)
     if rows is None:  # killed before its plan was written: it deleted nothing; plan it as recorded
@@ -250,7 +255,7 @@ def finish_interrupted(declaration: Declaration, tables: QueueTables, action: Ac
         taken = selected(declaration, tables.queue, args["table"], bounded)
         rows = _ledger_rows(taken, args["table"], action.action_id, action.at)
         write_plan(uri, rows)
-    _commit(tables, action, rows)
+    _commit(writer, action, rows)
     return rows
 
 
@@ -265,7 +270,8 @@ def _selection_of(arguments: dict[str, Any]) -> Selection:
     return Selection(**values)
 
 
-def _resume(declaration: Declaration, tables: QueueTables, action: Action) -> PurgeResult:
+def _resume(declaration: Declaration, writer: QueueWriter, action: Action) -> PurgeResult:
+    tables = writer.tables
     args = action.arguments
     age, cutoff = timedelta(seconds=args["older_than_seconds"]), datetime.fromisoformat(args["cutoff"])
     if action.state == DONE:

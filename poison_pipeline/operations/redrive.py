@@ -42,6 +42,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.intake import ensure_intake, record_intake
 from poison_pipeline.storage.journal import read_plan, remove_tree, write_plan
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import Committer, LeaseFreeAppender, QueueWriter, queue_writer
 
 SAMPLE = 5
 
@@ -124,8 +125,8 @@ def redrive(declaration: Declaration, queue: str, source: str, selection: Select
         return _summary(_plan(declaration, request, tables, redrive_id, now or datetime.now(UTC)), request,
                         redrive_id, True)
     tables.ensure()
-    with tables.lease("redrive", run_id):
-        return _run(declaration, request, tables, redrive_id, actor or default_actor(), run_id,
+    with queue_writer(tables, "redrive", run_id) as writer:
+        return _run(declaration, request, writer, redrive_id, actor or default_actor(), run_id,
                     now or datetime.now(UTC), progress or (lambda moved, total: None))
 
 
@@ -241,8 +242,9 @@ def planned_rows(tables: QueueTables, redrive_id: str) -> pa.Table | None:
     return read_plan(_plan_uri(tables, redrive_id))
 
 
-def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables, redrive_id: str, actor: str,
+def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter, redrive_id: str, actor: str,
          run_id: str, now: datetime, progress: Callable[[int, int], None]) -> RedriveResult:
+    tables = writer.tables
     target = QueueTables.of(declaration, request.to)
     touched = [(tables, request.source), (target, INBOUND)]
     recorded = find_action(tables, redrive_id)
@@ -256,7 +258,7 @@ def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables,
         plan = _plan(declaration, request, tables, redrive_id, now)
         if plan.rows.num_rows == 0 and recorded is None:
             return _summary(plan, request, redrive_id, False)  # nothing to move: no table changes
-        action = recorded or begin_action(tables, "redrive", actor, {**request.arguments(), "id": redrive_id},
+        action = recorded or begin_action(writer, "redrive", actor, {**request.arguments(), "id": redrive_id},
                                           touched, action_id=redrive_id, run_id=run_id, now=now)
         rows, counts = plan.rows, _plan_counts(plan)
         write_plan(uri, rows.append_column("plan_counts", pa.array([json.dumps(counts)] * rows.num_rows)))
@@ -271,32 +273,35 @@ def _run(declaration: Declaration, request: RedriveRequest, tables: QueueTables,
         chunks = rows["chunk"].to_pylist()
         moved = 0
         elsewhere = target.queue != tables.queue
+        # Into another queue's inbound without its lease, as an enqueue; into its own, fenced.
+        into: Committer = LeaseFreeAppender(target) if elsewhere else writer
         if elsewhere:
-            ensure_intake(target, now)
-            ensure_intake(tables, now)
+            ensure_intake(into, now)
+            ensure_intake(writer, now)
         for chunk in sorted(set(chunks)):
             part = inbound.filter(pc.equal(rows["chunk"], chunk))
-            target.append(INBOUND, part, app_id=app_id, version=chunk + 1)
+            into.append(INBOUND, part, app_id=app_id, version=chunk + 1)
             if elsewhere:  # a move between queues: one queue's intake is the other's outflow
                 batch = f"{redrive_id}-{chunk}"
-                record_intake(target, f"redrive from {tables.queue}", batch, part.num_rows, now, app_id, chunk + 1)
-                record_intake(tables, f"redrive to {target.queue}", batch, -part.num_rows, now, app_id, chunk + 1)
+                record_intake(into, f"redrive from {tables.queue}", batch, part.num_rows, now, app_id, chunk + 1)
+                record_intake(writer, f"redrive to {target.queue}", batch, -part.num_rows, now, app_id, chunk + 1)
             moved += part.num_rows
             progress(moved, rows.num_rows)
-        _remove_from_source(tables, request.source, rows)
-    finish_action(tables, action, {**counts, "moved": rows.num_rows}, touched)
+        _remove_from_source(writer, request.source, rows)
+    finish_action(writer, action, {**counts, "moved": rows.num_rows}, touched)
     remove_tree(tables.work_uri("redrive", redrive_id))
     result.action_id = action.action_id
     return result
 
 
-def _remove_from_source(tables: QueueTables, source: str, rows: pa.Table) -> None:
+def _remove_from_source(writer: QueueWriter, source: str, rows: pa.Table) -> None:
+    tables = writer.tables
     ids = rows["message_id"].to_pylist()
     batches = sorted({b for b in rows["source_batch_id"].to_pylist()}, key=lambda b: (b is None, b or ""))
     within = pads.field("message_id").isin(ids)
     still = tables.open(source).to_pyarrow_dataset().head(1, columns=["message_id"], filter=within)
     if still.num_rows:  # a replay after the removal finds nothing left and commits nothing
-        tables.replace_batches(source, batches, keep=~within)
+        writer.replace_batches(source, batches, keep=~within)
 
 
 def _plan_counts(plan: _Plan) -> dict[str, int]:

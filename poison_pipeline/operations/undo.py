@@ -51,9 +51,9 @@ from poison_pipeline.operations.actions import (
     mark_undone,
     table_version,
 )
-from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.intake import record_intake
 from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 RESTORE, COMPENSATE = "restore", "compensate"
 
@@ -90,8 +90,8 @@ def undo(declaration: Declaration, action_id: str, actor: str | None = None, run
         raise UndoError(f"action {action_id!r} is {action.state}: run it again with its id to complete it "
                         "before undoing it")
     tables = QueueTables.of(declaration, action.queue)
-    with tables.lease("undo", run_id):
-        return _UNDOERS[action.kind](declaration, tables, action, actor or default_actor(), run_id,
+    with queue_writer(tables, "undo", run_id) as writer:
+        return _UNDOERS[action.kind](declaration, writer, action, actor or default_actor(), run_id,
                                      now or datetime.now(UTC))
 
 
@@ -125,52 +125,54 @@ def _recorded_way(declaration: Declaration, tables: QueueTables, action: Action)
     return recorded, recorded.arguments["how"] if recorded else _way(declaration, action)
 
 
-def _begin(tables: QueueTables, action: Action, actor: str, run_id: str, now: datetime, how: str,
+def _begin(writer: QueueWriter, action: Action, actor: str, run_id: str, now: datetime, how: str,
            touched: list[tuple[QueueTables, str]], recorded: Action | None) -> Action:
     """The undo's record: the one an interrupted run made, or a new one, planned."""
-    return recorded or begin_action(tables, "undo", actor, {"action_id": action.action_id, "how": how}, touched,
+    return recorded or begin_action(writer, "undo", actor, {"action_id": action.action_id, "how": how}, touched,
                                     action_id=f"undo-{action.action_id}", run_id=run_id, now=now)
 
 
-def _complete(tables: QueueTables, record: Action, action: Action, result: UndoResult,
+def _complete(writer: QueueWriter, record: Action, action: Action, result: UndoResult,
               touched: list[tuple[QueueTables, str]]) -> None:
     """Record the undo done and the action undone, each unless an interrupted run did already."""
+    tables = writer.tables
     if record.state != DONE:
-        finish_action(tables, Action(**{**record.__dict__, "arguments": {**record.arguments, "how": result.how}}),
+        finish_action(writer, Action(**{**record.__dict__, "arguments": {**record.arguments, "how": result.how}}),
                       {"restored": result.restored, "unrecoverable": len(result.unrecoverable)}, touched)
     if find_action(tables, action.action_id).state != UNDONE:
-        mark_undone(tables, action)
+        mark_undone(writer, action)
 
 
-def _undo_redrive(declaration: Declaration, tables: QueueTables, action: Action, actor: str, run_id: str,
+def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action, actor: str, run_id: str,
                   now: datetime) -> UndoResult:
+    tables = writer.tables
     source, target = action.arguments["from"], QueueTables.of(declaration, action.arguments["to"])
     touched = [(tables, source), (target, INBOUND)]
     recorded, how = _recorded_way(declaration, tables, action)
-    record = _begin(tables, action, actor, run_id, now, how, touched, recorded)
-    with target.lease("undo", run_id):
+    record = _begin(writer, action, actor, run_id, now, how, touched, recorded)
+    with queue_writer(target, "undo", run_id) as target_writer:
         if how == RESTORE:
-            result = _restore(declaration, action, record.action_id)
+            result = _restore({tables.queue: writer, target.queue: target_writer}, action, record.action_id)
         else:
-            result = _compensate(tables, source, target, action, record.action_id)
+            result = _compensate(writer, source, target_writer, action, record.action_id)
         if target.queue != tables.queue:  # the reverse of the redrive's intake rows
             app_id = f"poison_pipeline/{record.action_id}"
-            record_intake(tables, f"undo from {target.queue}", record.action_id, result.restored, now, app_id, 1)
-            record_intake(target, f"undo to {tables.queue}", record.action_id, -result.restored, now, app_id, 1)
-    _complete(tables, record, action, result, touched)
+            record_intake(writer, f"undo from {target.queue}", record.action_id, result.restored, now, app_id, 1)
+            record_intake(target_writer, f"undo to {tables.queue}", record.action_id, -result.restored, now, app_id,
+                          1)
+    _complete(writer, record, action, result, touched)
     return result
 
 
-def _restore(declaration: Declaration, action: Action, undo_id: str, counted: str = "moved") -> UndoResult:
+def _restore(writers: dict[str, QueueWriter], action: Action, undo_id: str, counted: str = "moved") -> UndoResult:
+    """Restore every table the action touched to its version before, each by its queue's writer."""
     for key, versions in action.versions.items():
         queue, table = key.split("/", 1)
-        tables = QueueTables.of(declaration, queue)
-        current = tables.open(table)
+        writer = writers[queue]
+        current = writer.tables.open(table)
         # Run again after a crash: a table restored already is at a later version with the old content.
         if versions["before"] is not None and current.version() == versions["after"]:
-            tables.check_lease()
-            with writing(f"restoring version {versions['before']}", tables.describe(table)):
-                current.restore(versions["before"])
+            writer.restore(table, versions["before"], current)
     restored = int(action.counts.get(counted, 0))
     return UndoResult(undo_id, action.action_id, action.kind, RESTORE, restored=restored)
 
@@ -184,10 +186,11 @@ def _rows_now(tables: QueueTables, table: str, ids: list[str]) -> pa.Table:
         columns=["message_id", "batch_id"], filter=pads.field("message_id").isin(pa.array(ids, pa.string())))
 
 
-def _compensate(tables: QueueTables, source: str, target: QueueTables, action: Action,
+def _compensate(writer: QueueWriter, source: str, target_writer: QueueWriter, action: Action,
                 undo_id: str) -> UndoResult:
     """Move back what is still in the target's inbound under the redrive's batches; a message whose
     very row (same batch) is back in the source already came back by an interrupted run of this undo."""
+    tables, target = writer.tables, target_writer.tables
     prefix = f"{action.action_id}-"
     inbound = target.open(INBOUND).to_pyarrow_dataset().to_table(
         columns=["message_id", "batch_id"], filter=pc.starts_with(pc.field("batch_id"), prefix))
@@ -203,10 +206,10 @@ def _compensate(tables: QueueTables, source: str, target: QueueTables, action: A
         pc.is_in(moved_then["message_id"], value_set=pa.array(sorted(still), pa.string())),
         pc.invert(pc.is_in(moved_then["message_id"], value_set=present["message_id"]))))
     if back.num_rows:
-        tables.append(source, back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
+        writer.append(source, back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
     if inbound.num_rows:
         batches = sorted(set(inbound["batch_id"].to_pylist()))
-        target.replace_batches(INBOUND, batches, keep=~pads.field("message_id").isin(sorted(still)))
+        target_writer.replace_batches(INBOUND, batches, keep=~pads.field("message_id").isin(sorted(still)))
     restored = still | came_back
     lost = sorted(set(ids) - restored)
     return UndoResult(undo_id, action.action_id, action.kind, COMPENSATE, restored=len(restored),
@@ -267,20 +270,21 @@ class _PurgeBack:
     restored: int
 
 
-def _undo_purge(declaration: Declaration, tables: QueueTables, action: Action, actor: str, run_id: str,
+def _undo_purge(declaration: Declaration, writer: QueueWriter, action: Action, actor: str, run_id: str,
                 now: datetime) -> UndoResult:
+    tables = writer.tables
     source = action.arguments["table"]
     touched = [(tables, source), (tables, PURGED)]
     recorded, how = _recorded_way(declaration, tables, action)
     # Worked out before anything is recorded: when nothing at all can come back, the undo refuses
     # and changes nothing.
     plan = _purge_back(tables, source, action) if how == COMPENSATE else None
-    record = _begin(tables, action, actor, run_id, now, how, touched, recorded)
+    record = _begin(writer, action, actor, run_id, now, how, touched, recorded)
     if plan is None:
-        result = _restore(declaration, action, record.action_id, counted="purged")
+        result = _restore({tables.queue: writer}, action, record.action_id, counted="purged")
     else:
-        result = _compensate_purge(tables, source, action, record.action_id, plan)
-    _complete(tables, record, action, result, touched)
+        result = _compensate_purge(writer, source, action, record.action_id, plan)
+    _complete(writer, record, action, result, touched)
     return result
 
 
@@ -328,27 +332,29 @@ def _purge_back(tables: QueueTables, source: str, action: Action) -> _PurgeBack:
     return _PurgeBack(back, found, lost, restored)
 
 
-def _compensate_purge(tables: QueueTables, source: str, action: Action, undo_id: str,
+def _compensate_purge(writer: QueueWriter, source: str, action: Action, undo_id: str,
                       plan: _PurgeBack) -> UndoResult:
     """Append back the rows read, then take what came back out of the `purged` ledger; what cannot
     come back stays purged (in the ledger), so the conservation line still balances."""
+    tables = writer.tables
     if plan.back.num_rows:
-        tables.append(source, plan.back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
+        writer.append(source, plan.back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
     if plan.found:
         gone = (pads.field("action_id") == action.action_id) & pads.field("message_id").isin(
             pa.array(plan.found, pa.string()))
         still = tables.open(PURGED).to_pyarrow_dataset().to_table(columns=["batch_id"], filter=gone)
         if still.num_rows:  # a run again after they left the ledger commits nothing
-            tables.replace_batches(PURGED, set(still["batch_id"].to_pylist()), keep=~gone)
+            writer.replace_batches(PURGED, set(still["batch_id"].to_pylist()), keep=~gone)
     unrecoverable = sorted({m for which in plan.lost.values() for m in which})
     return UndoResult(undo_id, action.action_id, action.kind, COMPENSATE, restored=plan.restored,
                       unrecoverable=unrecoverable, unrecoverable_reasons=plan.lost)
 
 
-def _undo_edit(declaration: Declaration, tables: QueueTables, action: Action, actor: str, run_id: str,
+def _undo_edit(declaration: Declaration, writer: QueueWriter, action: Action, actor: str, run_id: str,
                now: datetime) -> UndoResult:
     """Undo the edit's redrive (an action of its own: the message comes back where it failed, with the
     original body its row had there before), then mark the edit undone; its `edits` row stays."""
+    tables = writer.tables
     source, redrive_id = action.arguments["from"], action.arguments["redrive_id"]
     touched = [(tables, source), (tables, INBOUND)]
     linked = find_action(tables, redrive_id)
@@ -360,10 +366,10 @@ def _undo_edit(declaration: Declaration, tables: QueueTables, action: Action, ac
         action_id=f"undo-{action.action_id}", run_id=run_id, now=now)
     # Undone already (by `undo` of the redrive itself, or by this undo before it was killed), the
     # redrive's undo changes nothing more and answers what it did.
-    inner = _undo_redrive(declaration, tables, linked, actor, run_id, now)
+    inner = _undo_redrive(declaration, writer, linked, actor, run_id, now)
     result = UndoResult(record.action_id, action.action_id, action.kind, inner.how, restored=inner.restored,
                         unrecoverable=inner.unrecoverable, unrecoverable_reasons=inner.unrecoverable_reasons)
-    _complete(tables, record, action, result, touched)
+    _complete(writer, record, action, result, touched)
     return result
 
 

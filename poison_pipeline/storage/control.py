@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.files import rows_where_in
 from poison_pipeline.storage.tables import EVENTS, QueueTables
+from poison_pipeline.storage.writer import queue_writer
 
 QUEUE_DISABLED = "queue_disabled"
 QUEUE_ENABLED = "queue_enabled"
@@ -98,18 +99,18 @@ def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str, run
     tables.ensure()
     kind = QUEUE_ENABLED if enabled else QUEUE_DISABLED
     action = "enable" if enabled else "disable"
-    with tables.lease(action, run_id):
+    with queue_writer(tables, action, run_id) as writer:
         for _ in range(5):
             if queue_state(tables).enabled == enabled:
                 return False
             data, transaction = state_commit(tables, [event_row(kind, datetime.now(UTC), actor, reason)], enabled)
             try:
-                tables.check_lease()
+                writer.check()
                 target = tables.open(EVENTS)
                 # An events table made before the messages_failed columns gains them.
                 with writing(f"recording the queue {action}d", tables.describe(EVENTS)):
                     write_deltalake(target, data, mode="append", schema_mode="merge",
-                                    commit_properties=CommitProperties(app_transactions=[transaction]))
+                                    commit_properties=writer.properties(target, EVENTS, [transaction]))
             except CommitFailedError:
                 continue  # another toggle committed from the same state: decide again on the newer one
             if queue_state(tables).enabled != enabled:

@@ -30,6 +30,7 @@ from poison_pipeline.storage.intake import append_enqueued, enqueued_batch_lande
 from poison_pipeline.storage.jsonl import newlines, screen, split_data
 from poison_pipeline.storage.plain_envelopes import joined, plain_lines
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import LeaseFreeAppender
 
 _SLICE_ROWS = 50_000
 _ENVELOPE = pa.schema(schemas.ENVELOPE_FIELDS)
@@ -265,8 +266,9 @@ def land(declaration: Declaration, queue: str, parsed: Parsed, others: list[tupl
         # Only the two tables an enqueue writes are opened; the others are the cycle's to create
         # (it ensures them all), unless inbound itself is missing: then every table is created here.
         inbound = tables.open_created(INBOUND)
-        intake = opened_intake(tables, now)
-        settle_intake(tables)
+        appender = LeaseFreeAppender(tables)
+        intake = opened_intake(appender, now)
+        settle_intake(appender)
         result.batch_id = f"enq-{uuid.uuid4().hex}"
         try:
             append_enqueued(tables, waiting_rows(accepted, result.batch_id, now), result.batch_id, now,

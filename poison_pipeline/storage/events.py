@@ -18,6 +18,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.column_cache import added_file, cached_rows, note_rows
 from poison_pipeline.storage.files import files_where_in
 from poison_pipeline.storage.tables import EVENTS, QueueTables
+from poison_pipeline.storage.writer import QueueWriter
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,13 @@ def note_events(tables: QueueTables, path: str, rows: pa.Table) -> None:
         note_rows(events_cache(tables, kind), path, rows)
 
 
-def append_events(tables: QueueTables, rows: pa.Table, app_id: str | None = None, version: int = 0,
+def append_events(writer: QueueWriter, rows: pa.Table, app_id: str | None = None, version: int = 0,
                   also: Sequence[Transaction] = ()) -> bool:
-    """`tables.append(EVENTS, ...)` that also notes the file it committed for the sensors of each
+    """`writer.append(EVENTS, ...)` that also notes the file it committed for the sensors of each
     kind it holds: a sensor's first evaluation then parses one notes file instead of opening one
     file per event (a thousand failing cycles, a thousand files). A note is left only when the
     commit is recognised as this one (its app transaction) adding exactly these rows."""
+    tables = writer.tables
     def note(committed: int) -> None:
         added = added_file(tables.uri(EVENTS), committed, rows.num_rows)
         if added is None:
@@ -58,7 +60,7 @@ def append_events(tables: QueueTables, rows: pa.Table, app_id: str | None = None
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pa.ArrowException):
             note_events(tables, path, rows)
 
-    return tables.append(EVENTS, rows, app_id=app_id, version=version, also=also, on_commit=note)
+    return writer.append(EVENTS, rows, app_id=app_id, version=version, also=also, on_commit=note)
 
 
 def events_version(tables: QueueTables) -> int | None:

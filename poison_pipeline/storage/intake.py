@@ -26,6 +26,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import list_files, read_json, remove_file, write_json
 from poison_pipeline.storage.message_ids import note_appended_ids
 from poison_pipeline.storage.tables import INTAKE, PURGED, QueueTables
+from poison_pipeline.storage.writer import Committer, LeaseFreeAppender
 
 ENQUEUE = "enqueue"
 UNSENT = "unsent"
@@ -39,8 +40,9 @@ def accounted_rows(tables: QueueTables) -> int:
     return sum(tables.open(table).count() for table in places if tables.exists(table))
 
 
-def ensure_intake(tables: QueueTables, now: datetime | None = None) -> None:
+def ensure_intake(committer: Committer, now: datetime | None = None) -> None:
     """Create the intake ledger if missing; call before the data commit of what it will record."""
+    tables = committer.tables
     if tables.exists(INTAKE):
         return
     try:
@@ -51,19 +53,19 @@ def ensure_intake(tables: QueueTables, now: datetime | None = None) -> None:
             raise
     opening = accounted_rows(tables)
     if opening:
-        record_intake(tables, OPENING, OPENING, opening, now, app_id=_OPENING_APP_ID, version=1)
+        record_intake(committer, OPENING, OPENING, opening, now, app_id=_OPENING_APP_ID, version=1)
 
 
-def opened_intake(tables: QueueTables, now: datetime | None = None) -> DeltaTable:
+def opened_intake(committer: Committer, now: datetime | None = None) -> DeltaTable:
     """The intake ledger, opened (an append needs it open anyway); created first if missing."""
     try:
-        return tables.open(INTAKE)
+        return committer.tables.open(INTAKE)
     except FileNotFoundError:
-        ensure_intake(tables, now)
-        return tables.open(INTAKE)
+        ensure_intake(committer, now)
+        return committer.tables.open(INTAKE)
 
 
-def record_intake(tables: QueueTables, source: str, batch_id: str | None, messages: int,
+def record_intake(committer: Committer, source: str, batch_id: str | None, messages: int,
                   now: datetime | None = None, app_id: str | None = None, version: int = 0,
                   snapshot: DeltaTable | None = None) -> None:
     """One intake row; with an app id, written once whatever the replays (the data's own app id).
@@ -71,9 +73,9 @@ def record_intake(tables: QueueTables, source: str, batch_id: str | None, messag
     if messages == 0:
         return
     if snapshot is None:
-        ensure_intake(tables, now)
+        ensure_intake(committer, now)
     row = {"batch_id": batch_id, "source": source, "messages": messages, "at": now or datetime.now(UTC)}
-    tables.append(INTAKE, pa.Table.from_pylist([row], schema=schemas.INTAKE),
+    committer.append(INTAKE, pa.Table.from_pylist([row], schema=schemas.INTAKE),
                   app_id=None if app_id is None else f"{app_id}/intake", version=version, snapshot=snapshot)
 
 
@@ -123,14 +125,15 @@ def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: dat
     `inbound`, `intake`: the tables as the caller just opened them."""
     uri = _note_uri(tables, batch_id)
     inbound = inbound if inbound is not None else tables.open(INBOUND)
+    appender = LeaseFreeAppender(tables)
     note = {"batch_id": batch_id, "messages": rows.num_rows, "at": now.isoformat(), "after": inbound.version(),
             "host": socket.gethostname(), "pid": os.getpid(), "written": datetime.now(UTC).isoformat()}
     write_json(uri, note, "noting an enqueue until its intake is recorded")
     _in_flight.add(batch_id)
     try:
-        tables.append(INBOUND, rows, metadata={_BATCH_KEY: batch_id}, snapshot=inbound)
+        appender.append(INBOUND, rows, metadata={_BATCH_KEY: batch_id}, snapshot=inbound)
         note_appended_ids(tables, INBOUND, inbound, note["after"], _BATCH_KEY, batch_id, rows["message_id"])
-        record_intake(tables, ENQUEUE, batch_id, rows.num_rows, now, snapshot=intake)
+        record_intake(appender, ENQUEUE, batch_id, rows.num_rows, now, snapshot=intake)
     finally:
         _in_flight.discard(batch_id)
     # Both commits are made: a note left behind is found counted and removed by the next settle.
@@ -138,9 +141,10 @@ def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: dat
         remove_file(uri)
 
 
-def settle_intake(tables: QueueTables) -> list[str]:
+def settle_intake(committer: Committer) -> list[str]:
     """Record the intake row of each batch whose enqueue committed it to inbound and then failed to
     record it; forget the notes of enqueues that committed nothing. Returns the batches recorded."""
+    tables = committer.tables
     recorded = []
     for uri in list_files(tables.work_uri(_NOTES)):
         note = read_json(uri)
@@ -148,7 +152,7 @@ def settle_intake(tables: QueueTables) -> list[str]:
             continue
         batch_id = str(note["batch_id"])
         if _landed(tables, batch_id, int(note["after"])) and not _counted(tables, batch_id):
-            record_intake(tables, ENQUEUE, batch_id, int(note["messages"]), datetime.fromisoformat(note["at"]))
+            record_intake(committer, ENQUEUE, batch_id, int(note["messages"]), datetime.fromisoformat(note["at"]))
             recorded.append(batch_id)
         remove_file(uri)
     return recorded

@@ -1,24 +1,31 @@
-"""The cycle journal: one small JSON file per waiting table that makes a cycle's commits resumable.
+"""The cycle journal: one row per waiting table in the queue's `journal` Delta table, which makes a
+cycle's commits resumable.
 
 A cycle writes `planned`, stages its results, writes `staged`, then commits to each table; a run
 that finds `staged` finishes those commits instead of processing again, so a crash anywhere loses
-nothing, duplicates nothing, and never counts an attempt twice.
+nothing, duplicates nothing, and never counts an attempt twice. Every journal write is a commit of
+the lease holder's fenced writer: a holder paused past its lease cannot roll the journal back.
+
+Also here: the small files some operations keep beside the tables (written whole or not at all).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import JOURNAL, QueueTables
 from poison_pipeline.storage.uri import fs_of
+from poison_pipeline.storage.writer import QueueWriter
 
 State = Literal["planned", "staged", "done"]
 
@@ -35,19 +42,33 @@ class JournalEntry:
     summary: dict[str, float] = field(default_factory=dict)
 
 
-def journal_uri(tables: QueueTables, table: str) -> str:
-    """Where the journal of `table`'s cycles lives."""
+def _legacy_uri(tables: QueueTables, table: str) -> str:
+    """Where a lake written before the journal was a table kept `table`'s entry (a JSON file)."""
     return tables.work_uri("journal", f"{table}.json")
 
 
-def read_entry(uri: str) -> JournalEntry | None:
-    found = read_json(uri)
+def read_entry(tables: QueueTables, table: str) -> JournalEntry | None:
+    """The entry of `table`'s latest cycle; None before its first."""
+    if tables.exists(JOURNAL):
+        rows = tables.open(JOURNAL).to_pyarrow_dataset().to_table(
+            filter=pads.field("waiting_table") == table).to_pylist()
+        if rows:
+            row = max(rows, key=lambda r: r["seq"])
+            return JournalEntry(row["seq"], row["state"], table, row["run_id"], row["started_at"],
+                                list(row["batches"] or []), row["staging"] or "", json.loads(row["summary"] or "{}"))
+    found = read_json(_legacy_uri(tables, table))
     return None if found is None else JournalEntry(**found)
 
 
-def write_entry(uri: str, entry: JournalEntry) -> None:
-    """Replace the entry atomically: write a temporary file and rename it over the old one."""
-    write_json(uri, asdict(entry), f"recording the {entry.table} cycle {entry.seq} as {entry.state} in its journal")
+def write_entry(writer: QueueWriter, entry: JournalEntry) -> None:
+    """Replace the entry of its table in one fenced commit (refused once another holder took over)."""
+    row = {"waiting_table": entry.table, "seq": entry.seq, "state": entry.state, "run_id": entry.run_id,
+           "started_at": entry.started_at, "batches": entry.batches, "staging": entry.staging,
+           "summary": json.dumps(entry.summary), "epoch": writer.epoch}
+    quoted = entry.table.replace("'", "''")
+    writer.overwrite_where(JOURNAL, pa.Table.from_pylist([row], schema=schemas.JOURNAL),
+                           f"waiting_table = '{quoted}'",
+                           f"recording the {entry.table} cycle {entry.seq} as {entry.state} in its journal")
 
 
 def read_json(uri: str) -> Any:

@@ -7,11 +7,18 @@ a local disk, and every object store delta-rs supports for concurrent writers. T
 the snapshot has a file to remove: two overwrites of an empty table both commit. So the table is
 never left empty: it is created, and released, with a row that names no holder.
 
-A lease not renewed for `expiry` is expired. A waiter sees that on its own clock (the row's
-version has not moved for `expiry` while it watched), so no two hosts' clocks need to agree; a
-lease stamped to expire more than one further `expiry` ago by the waiter's clock is taken at once
-(a holder long dead). The holder renews at a third of `expiry` from a thread, and checks before it
-commits that nobody took the lease over (a process paused for longer than `expiry` loses it).
+A lease not renewed for `expiry` is expired. A waiter sees that on its own monotonic clock only
+(the row's version has not moved for `expiry` while it watched): no two hosts' clocks need to agree,
+and a stamp in the row is never compared with the waiter's clock. The holder renews at a third of
+`expiry` from a thread and counts its lease from before each renewal write (the waiter may have seen
+the version it replaces from then on).
+
+A lease is not a fence: a holder can pause for any time between a check and a write. Taking the
+lease increments its `epoch`; every commit of the holder carries the epoch (storage/writer.py), and
+a starter that takes a lease over from a holder that stopped renewing first commits its epoch to
+every table of the queue. From then on the storage itself refuses the old holder's commits, wherever
+it paused: Delta's conflict checker fails a commit whose app transaction another commit has set
+since its snapshot, and a snapshot that already shows a newer epoch is refused before writing.
 
 Leases are reentrant per thread: a cycle that holds its queue's lease can end a conversation or
 transmit on that queue without waiting for itself.
@@ -54,6 +61,7 @@ class Holder:
     since: datetime
     renewed_at: datetime
     expires_at: datetime
+    epoch: int | None = None  # None in a row written before leases had epochs
 
     def describe(self) -> str:
         since, renewed = (t.isoformat(timespec="seconds") for t in (self.since, self.renewed_at))
@@ -83,6 +91,14 @@ class _Seen:
     since: float  # this process's monotonic clock when the version was first seen
 
 
+def _epoch(table: DeltaTable) -> int:
+    """The newest epoch the lease table records (released rows keep theirs); 0 before any."""
+    rows = table.to_pyarrow_table()
+    if "epoch" not in rows.column_names or rows.num_rows == 0:
+        return 0
+    return max((e for e in rows["epoch"].to_pylist() if e is not None), default=0)
+
+
 class Lease:
     """The lease of one queue held by this process; use `queue_lease`, which takes and releases it."""
 
@@ -93,7 +109,11 @@ class Lease:
         self.purpose, self.run_id = purpose, run_id
         self.since = datetime.now(UTC)
         self._lost: str | None = None
-        self._renewed = time.monotonic()  # the last commit that held the lease, on this process's clock
+        # When the last renewal that held the lease began, on this process's monotonic clock.
+        self._renewed = time.monotonic()
+        self.epoch = 0
+        # Whether this holder took the lease from one that stopped renewing (it must fence it out).
+        self.took_over = False
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._renew_error: Exception | None = None
@@ -104,7 +124,7 @@ class Lease:
         if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
             with writing(f"creating the lease of queue {self.queue!r}", self.uri):
                 try:
-                    write_deltalake(self.uri, _rows(None), mode="error",
+                    write_deltalake(self.uri, _rows(None, 0), mode="error",
                                     configuration=TABLE_CONFIG, storage_options=self.storage_options)
                 except DeltaError:
                     if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
@@ -115,7 +135,7 @@ class Lease:
             # remove, or two starters could both take the lease. Two of these writes may both
             # land; they add rows that name no holder, which is harmless.
             with writing(f"writing the lease of queue {self.queue!r}", self.uri):
-                write_deltalake(table, _rows(None), mode="append")
+                write_deltalake(table, _rows(None, 0), mode="append")
             table = DeltaTable(self.uri, storage_options=self.storage_options)
         return table
 
@@ -125,16 +145,18 @@ class Lease:
         return Holder(**max(rows, key=lambda r: r["renewed_at"])) if rows else None
 
     def _row(self) -> dict[str, object]:
+        # renewed_at and expires_at are for people reading `status`: no process decides by them.
         now = datetime.now(UTC)
         return {"holder_id": self.holder_id, "purpose": self.purpose, "run_id": self.run_id,
                 "host": socket.gethostname(), "pid": os.getpid(), "since": self.since, "renewed_at": now,
-                "expires_at": now + self.settings.expiry}
+                "expires_at": now + self.settings.expiry, "epoch": self.epoch}
 
     def _write(self, snapshot: DeltaTable, row: dict[str, object] | None) -> bool:
         """Overwrite the row from `snapshot`; False when another commit came first."""
         try:
             with writing(f"writing the lease of queue {self.queue!r}", self.uri):
-                write_deltalake(snapshot, _rows(row), mode="overwrite")
+                # A lease table written before epochs gains the column.
+                write_deltalake(snapshot, _rows(row, self.epoch), mode="overwrite", schema_mode="merge")
         except CommitFailedError:
             return False
         return True
@@ -147,11 +169,14 @@ class Lease:
         seen: _Seen | None = None
         told = False
         while True:
+            began = time.monotonic()
             table = self._open()
             holder = self._holder(table)
-            if holder is None or holder.holder_id == self.holder_id or self._expired(holder, table, seen):
+            if holder is None or holder.holder_id == self.holder_id or self._expired(table, seen):
+                self.epoch = _epoch(table) + 1
                 if self._write(table, self._row()):
-                    self._renewed = time.monotonic()
+                    self._renewed = began
+                    self.took_over = holder is not None and holder.holder_id != self.holder_id
                     self._start_renewing()
                     return
                 continue  # someone committed between our read and our write: look again
@@ -166,12 +191,11 @@ class Lease:
                 told = True
             time.sleep(min(_POLL_S, self.settings.expiry.total_seconds() / 4))
 
-    def _expired(self, holder: Holder, table: DeltaTable, seen: _Seen | None) -> bool:
-        expiry = self.settings.expiry
-        if holder.expires_at + expiry < datetime.now(UTC):
-            return True
+    def _expired(self, table: DeltaTable, seen: _Seen | None) -> bool:
+        """Whether this waiter watched the row's version stay unchanged for `expiry` on its own
+        clock: a holder's stamps are never trusted, since its clock may run apart from ours."""
         return seen is not None and seen.version == table.version() and \
-            time.monotonic() - seen.since >= expiry.total_seconds()
+            time.monotonic() - seen.since >= self.settings.expiry.total_seconds()
 
     def _start_renewing(self) -> None:
         self._renewer = threading.Thread(target=self._renew_loop, name=f"lease-{self.queue}", daemon=True)
@@ -191,6 +215,9 @@ class Lease:
     def renew(self) -> None:
         """Push the expiry forward, or note that the lease was lost."""
         for _ in range(3):
+            # Counted from before the write: a waiter may have watched the version it replaces
+            # from any moment before it lands.
+            began = time.monotonic()
             table = self._open()
             holder = self._holder(table)
             if holder is None or holder.holder_id != self.holder_id:
@@ -198,8 +225,12 @@ class Lease:
                               f"{holder.describe() if holder else 'nobody (it was released)'}")
                 return
             if self._write(table, self._row()):
-                self._renewed = time.monotonic()
+                self._renewed = began
                 return
+
+    def deadline(self) -> float:
+        """Until when (this host's monotonic clock) no waiter can have taken the lease over."""
+        return self._renewed + self.settings.expiry.total_seconds()
 
     def check(self) -> None:
         """Raise LeaseLost if another starter took the lease over: call before committing."""
@@ -224,33 +255,24 @@ class Lease:
                 return
 
 
-def _rows(row: dict[str, object] | None) -> pa.Table:
-    """The lease table's one row: `row`, or a row that names no holder (released)."""
-    return pa.Table.from_pylist([row or {"holder_id": None}], schema=schemas.LEASE)
+def _rows(row: dict[str, object] | None, epoch: int) -> pa.Table:
+    """The lease table's one row: `row`, or a row that names no holder (released) and keeps the epoch."""
+    return pa.Table.from_pylist([row or {"holder_id": None, "epoch": epoch}], schema=schemas.LEASE)
 
 
 def _log_wait(holder: Holder) -> None:
     logging.getLogger(__name__).warning("waiting for the lease of the queue, held by %s", holder.describe())
 
 
-_held = threading.local()
-
-
 @contextmanager
 def queue_lease(uri: str, queue: str, storage_options: dict[str, str], settings: LeaseSettings, purpose: str,
                 run_id: str = "manual", on_wait: Callable[[Holder], None] | None = None) -> Iterator[Lease]:
-    """Hold the queue's lease for the block; a thread that holds it already just goes on."""
-    held: dict[str, Lease] = _held.__dict__.setdefault("leases", {})
-    if uri in held:
-        yield held[uri]
-        return
+    """Hold the queue's lease for the block (storage/writer.py's `queue_writer` hands out its writer)."""
     lease = Lease(uri, queue, storage_options, settings, purpose, run_id)
     lease.acquire(on_wait)
-    held[uri] = lease
     try:
         yield lease
     finally:
-        del held[uri]
         try:
             lease.release()
         except Exception as error:
@@ -261,12 +283,36 @@ def queue_lease(uri: str, queue: str, storage_options: dict[str, str], settings:
                 "last renewal (lease.expiry)", queue, error, settings.expiry)
 
 
-def check_held(uri: str) -> None:
-    """Raise LeaseLost if this thread holds the lease at `uri` and lost it: every commit to a queue's
-    tables calls this, so no writer (cycle or operator command) commits after it was taken over."""
-    lease = _held.__dict__.get("leases", {}).get(uri)
-    if lease is not None:
-        lease.check()
+@dataclass
+class LeaseGuard:
+    """What a delivering process (a small cycle's worker, a Spark task) checks before each attempt:
+    that the lease its cycle runs under still has the epoch it was given. The lease table is read
+    at most every `interval_s` of this process's monotonic clock, so a process resumed from a pause
+    of any length reads it before its next attempt: it finishes at most the attempt in flight."""
+
+    uri: str
+    queue: str
+    storage_options: dict[str, str]
+    epoch: int
+    interval_s: float
+    _checked: float = float("-inf")
+
+    def check(self) -> None:
+        began = time.monotonic()
+        if began - self._checked < self.interval_s:
+            return
+        table = DeltaTable(self.uri, storage_options=self.storage_options)
+        current = _epoch(table)
+        if current != self.epoch:
+            raise LeaseLost(f"the lease of queue {self.queue!r} was taken over (epoch {current}, this cycle's "
+                            f"{self.epoch}): this delivery stops before its next attempt")
+        self._checked = began
+
+    @classmethod
+    def of(cls, lease: Lease) -> LeaseGuard:
+        # Often enough that a live holder's tasks notice a takeover within a second.
+        interval = min(1.0, lease.settings.expiry.total_seconds() / 10)
+        return cls(lease.uri, lease.queue, lease.storage_options, lease.epoch, interval)
 
 
 def current_holder(uri: str, storage_options: dict[str, str]) -> Holder | None:

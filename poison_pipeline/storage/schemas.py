@@ -150,6 +150,8 @@ LEASE = pa.schema([
     pa.field("since", TS),
     pa.field("renewed_at", TS),
     pa.field("expires_at", TS),
+    # Taking the lease increments it, and every commit its holder makes carries it (storage/writer.py).
+    pa.field("epoch", pa.int64()),
 ])
 
 # The operator actions taken on a queue (redrive, purge, enable, ...): who, when, with what, and the
@@ -189,6 +191,21 @@ EDITS = pa.schema(
         pa.field("new_headers", pa.map_(pa.string(), pa.string())),
     ]
 )
+
+# The cycle journal of a queue: for each waiting table, the state of its latest cycle (planned,
+# staged, done), the batches it took and where it staged its results. Written by the lease holder's
+# fenced writer, so a holder paused past its lease cannot roll it back.
+JOURNAL = pa.schema([
+    pa.field("waiting_table", pa.string()),
+    pa.field("seq", pa.int64()),
+    pa.field("state", pa.string()),
+    pa.field("run_id", pa.string()),
+    pa.field("started_at", pa.string()),
+    pa.field("batches", pa.list_(pa.string())),
+    pa.field("staging", pa.string()),
+    pa.field("summary", pa.string()),
+    pa.field("epoch", pa.int64()),
+])
 
 # The purged ledger: messages an operator (or a declared retention) deleted for good from poison,
 # dead_letter or quarantine. Their bodies are gone; their ids, where they were and which action took

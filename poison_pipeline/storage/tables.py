@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from deltalake import ColumnProperties, CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake import ColumnProperties, DeltaTable, WriterProperties
+from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import RemoveAction
 
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings
@@ -30,8 +28,7 @@ from poison_pipeline.domain.routing import (
 )
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
-from poison_pipeline.storage.files import files_dataset, log_names
-from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, check_held, current_holder, queue_lease
+from poison_pipeline.storage.lease import LEASE_TABLE, Holder, current_holder
 
 ATTEMPTS = "attempts"
 EVENTS = "events"
@@ -41,6 +38,8 @@ TRANSMISSION = "transmission"
 ACTIONS = "actions"
 EDITS = "edits"
 PURGED = "purged"
+# The cycle journal: one row per waiting table (storage/journal.py).
+JOURNAL = "journal"
 # Not in `all_tables`: created with its opening balance by storage/intake.py.
 INTAKE = "intake"
 # Columns whose values are (nearly) all distinct: a dictionary never pays for them, and trying one
@@ -70,6 +69,7 @@ def schema_of(table: str) -> pa.Schema:
         EDITS: schemas.EDITS,
         PURGED: schemas.PURGED,
         INTAKE: schemas.INTAKE,
+        JOURNAL: schemas.JOURNAL,
     }[table]
 
 
@@ -135,7 +135,7 @@ def _whole_due_files(due: np.ndarray, files: np.ndarray, batches: pa.Array) -> n
         held = pa.concat_arrays([held, newly])
 
 
-def _whole_file_removes(target: DeltaTable, ids: pa.Array, read: Callable[[list[str]], pa.Table]
+def whole_file_removes(target: DeltaTable, ids: pa.Array, read: Callable[[list[str]], pa.Table]
                         ) -> list[RemoveAction] | None:
     """The remove actions that delete the batches `ids` by dropping whole files, when every file
     holding one of them holds nothing else: the log's statistics show it for a file of one batch
@@ -176,28 +176,6 @@ def _whole_file_removes(target: DeltaTable, ids: pa.Array, read: Callable[[list[
             zip(removed["path"].to_pylist(), removed["size_bytes"].to_pylist(), strict=True)]
 
 
-# An enqueue's append and a cycle's delete of the batches it took touch different files, yet delta-rs
-# may refuse one of two such commits made at once ("a concurrent transaction deleted data this
-# operation read"). Both are safe to make again on the newer table: a refused commit wrote nothing,
-# an append with an app id is made once only, and deleting a deleted batch changes nothing.
-_COMMIT_TRIES = 8
-T = TypeVar("T")
-
-
-def _again_on_conflict(commit: Callable[[int], T], tries: int = _COMMIT_TRIES) -> T:
-    """`commit(attempt)`, made again after a growing, jittered pause while delta-rs refuses it for a
-    concurrent commit, up to `tries` times."""
-    attempt = 0
-    while True:
-        try:
-            return commit(attempt)
-        except CommitFailedError:
-            attempt += 1
-            if attempt == tries:
-                raise
-        time.sleep(min(2.0, 0.02 * 2 ** attempt) * (0.5 + random.random()))
-
-
 @dataclass(frozen=True)
 class QueueTables:
     lake_root: str
@@ -220,7 +198,7 @@ class QueueTables:
     @property
     def all_tables(self) -> tuple[str, ...]:
         return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
-                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED)
+                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED, JOURNAL)
 
     def __post_init__(self) -> None:
         segment(self.queue, "queue name")
@@ -231,16 +209,6 @@ class QueueTables:
     def work_uri(self, *parts: str) -> str:
         """Where the cycle journal and staged results live, beside the tables."""
         return lake_path(self.lake_root, self.queue, "_work", *parts)
-
-    def lease(self, purpose: str, run_id: str = "manual",
-              on_wait: Callable[[Holder], None] | None = None) -> AbstractContextManager[Lease]:
-        """Hold the queue's lease (one writer per queue) for a `with` block; see storage/lease.py."""
-        return queue_lease(self.uri(LEASE_TABLE), self.queue, self.storage_options, self.lease_settings,
-                           purpose, run_id, on_wait)
-
-    def check_lease(self) -> None:
-        """Before a commit: fail (LeaseLost) if this thread held the queue's lease and lost it."""
-        check_held(self.uri(LEASE_TABLE))
 
     def lease_holder(self) -> Holder | None:
         """Who holds the queue's lease now, if anyone."""
@@ -295,106 +263,6 @@ class QueueTables:
 
     def exists(self, table: str) -> bool:
         return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
-
-    def append(self, table: str, data: Any, app_id: str | None = None, version: int = 0,
-               also: Sequence[Transaction] = (), metadata: dict[str, str] | None = None,
-               snapshot: DeltaTable | None = None, on_commit: Callable[[int], None] | None = None) -> bool:
-        """Append `data`; with an app id, once only: a replay of a committed version writes nothing.
-        `also` are further app transactions recorded by the same commit, `metadata` goes into its
-        commit info (the log's history shows it). `snapshot`: the table as the caller just opened it
-        (loading a long log again costs milliseconds). `on_commit` is called with the version committed."""
-        def once(attempt: int) -> bool:
-            self.check_lease()
-            target = snapshot if snapshot is not None and attempt == 0 else self.open(table)
-            transactions = list(also)
-            if app_id is not None:
-                # `or -1` would read a committed version 0 as "never committed".
-                committed = target.transaction_version(app_id)
-                if committed is not None and committed >= version:
-                    return False
-                transactions.append(Transaction(app_id, version))
-            properties = CommitProperties(app_transactions=transactions, custom_metadata=metadata) \
-                if transactions or metadata else None
-            with writing("appending to a table", self.describe(table)):
-                write_deltalake(
-                    target,
-                    data,
-                    mode="append",
-                    partition_by=schemas.PARTITIONS.get(table),
-                    commit_properties=properties,
-                    writer_properties=WRITER,
-                    # A table made by an earlier version gains the columns added since (redrive_count).
-                    schema_mode="merge",
-                )
-            if on_commit is not None:
-                on_commit(target.version())
-            return True
-
-        # A stream is read once by the write: only a table can be written again.
-        return _again_on_conflict(once, 1 if isinstance(data, pa.RecordBatchReader) else _COMMIT_TRIES)
-
-    def remove_batches(self, table: str, batch_ids: Iterable[str]) -> None:
-        """Delete whole batches; deleting an already deleted batch changes nothing."""
-        ids = sorted(set(batch_ids))
-        if not ids:
-            return
-        self.check_lease()
-        quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
-
-        def once(attempt: int) -> None:
-            target = self.open(table)
-            with writing("deleting taken batches from a table", self.describe(table)):
-                removes = None if schemas.PARTITIONS.get(table) else _whole_file_removes(
-                    target, pa.array(ids, pa.string()), lambda paths: self._batch_ids_of(table, paths))
-                if removes is None:
-                    target.delete(f"batch_id IN ({quoted})")
-                elif removes:
-                    # The log's history shows it as an append (delta-rs names no other operation here).
-                    noted = CommitProperties(custom_metadata={"poison_pipeline.removed_batches": str(len(ids))})
-                    target.create_write_transaction(removes, "append", target.schema(), commit_properties=noted)
-
-        _again_on_conflict(once)
-
-    def _batch_ids_of(self, table: str, paths: list[str]) -> pa.Table:
-        """The batch id of every row of the files `paths` (as the log names them), and its file's
-        index in `paths`."""
-        rows = files_dataset(self.uri(table), self.storage_options, paths, None, schema_of(table)).to_table(
-            columns=["batch_id", "__filename"])
-        names = pc.unique(rows["__filename"])
-        where = {path: i for i, path in enumerate(paths)}
-        index = pa.array([where[name] for name in log_names(names.to_pylist(), paths)], pa.int64())
-        return pa.table({"batch_id": rows["batch_id"],
-                         "file": pc.take(index, pc.index_in(rows["__filename"], value_set=names))})
-
-    def replace_batches(self, table: str, batch_ids: Iterable[str | None], keep: pads.Expression,
-                        snapshot: DeltaTable | None = None, add: pa.Table | None = None) -> None:
-        """Rewrite whole batches in one commit, keeping only their rows that match `keep`.
-
-        delta-rs's delete writes a partly deleted file back with string_view columns, which pyarrow
-        cannot filter on (delta-rs issue 4579): a later filtered read of the table would fail. The
-        kept rows are streamed and written here instead, as plain strings, and a batch still sits
-        in files of its own; `add` rows are written in the same commit. Given the `snapshot` the
-        caller read the batches from, the commit fails if another one removed them since (a cycle
-        that took them) instead of silently doing nothing.
-        """
-        ids = set(batch_ids)
-        named = sorted(i for i in ids if i is not None)
-        clauses = [f"batch_id IN ({', '.join(_quoted(i) for i in named)})"] if named else []
-        within = pads.field("batch_id").isin(named)
-        if None in ids:
-            clauses.append("batch_id IS NULL")
-            within = within | pads.field("batch_id").is_null()
-        if not clauses:
-            return
-        self.check_lease()
-        target = snapshot if snapshot is not None else self.open(table)
-        kept: Any = target.to_pyarrow_dataset().scanner(filter=within & keep).to_reader()
-        if add is not None:
-            # Rows added in the same commit must carry one of the batch ids, or the overwrite refuses them.
-            kept = pa.concat_tables([kept.read_all().cast(schema_of(table)), add.cast(schema_of(table))])
-        with writing("rewriting batches of a table", self.describe(table)):
-            write_deltalake(target, kept, mode="overwrite", predicate=" OR ".join(clauses),
-                            writer_properties=WRITER)
 
     @staticmethod
     def _batches_of_files(target: DeltaTable, actions: pa.Table) -> tuple[np.ndarray, pa.Array]:
