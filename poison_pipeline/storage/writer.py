@@ -91,8 +91,9 @@ class Committer:
         return [self._fence]
 
     def _refused(self, table: str) -> None:
-        """After delta-rs refused a commit: raise Fenced when a newer epoch is why."""
-        self._admit(self.tables.open(table), table)
+        """After delta-rs refused a commit: raise Fenced when a newer epoch is why (the table as it
+        is now, whatever snapshot the commit was made from)."""
+        self._admit(DeltaTable(self.tables.uri(table), storage_options=self.tables.storage_options), table)
 
     def properties(self, target: DeltaTable, table: str, transactions: Sequence[Transaction] = (),
                    metadata: dict[str, str] | None = None) -> CommitProperties | None:
