@@ -583,3 +583,23 @@ def lines_for(folder: Path, ids: list[str], fail: str = "always", conversation: 
             line["conversation_id"] = conversation
         made.append(line)
     return made
+
+
+SKEW = timedelta(minutes=3)
+
+
+def skew_clock() -> None:
+    """A host whose wall clock runs SKEW ahead, as the lease module sees it (a child's `prepare`)."""
+    from datetime import datetime
+
+    import poison_pipeline.storage.lease as lease
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return datetime.now(tz) + SKEW
+
+    if hasattr(lease, "datetime"):
+        lease.datetime = Skewed  # type: ignore[misc]
+    real = time.time
+    time.time = lambda: real() + SKEW.total_seconds()  # type: ignore[assignment]
