@@ -301,7 +301,7 @@ class LakeModel(RuleBasedStateMachine):
         for queue in self.queues_of(op, args) if op != "cycle" else [args["queue"]]:
             self.interrupted[queue].add(f"cycle {args['table']}" if op == "cycle" else f"interrupted {op}")
 
-    @rule(data=st.data(), at=st.integers(1, 14))
+    @rule(data=st.data(), at=st.integers(1, 8))
     def kill(self, data: st.DataObject, at: int) -> None:
         """Run an operation in a child killed (SIGKILL) right after its `at`-th commit point."""
         self.step("kill")
@@ -321,7 +321,7 @@ class LakeModel(RuleBasedStateMachine):
         elif child.outcome().startswith("FAILED"):
             self.mark_interrupted(op, args)
 
-    @rule(data=st.data(), at=st.integers(1, 10))
+    @rule(data=st.data(), at=st.integers(1, 6))
     def pause(self, data: st.DataObject, at: int) -> None:
         """Pause (SIGSTOP) an operation right before its `at`-th commit point, past its lease expiry;
         a cycle of the same queue takes the lease over; then resume it and let it end."""
