@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test fuzz ui bench bench-quick soak lint java browser clean
+.PHONY: demo test fuzz model ui bench bench-quick soak lint java browser clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=/path/to/python3.11)")'
@@ -54,3 +54,8 @@ soak: java $(STAMP)
 
 clean:
 	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect *.egg-info
+
+# The model-based test of "nothing lost" (poison_pipeline_tests/test_model.py) with its long profile:
+# 2,000 random sequences of 30 steps (hours on 2 cores); the counts are printed at the end.
+model: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q -p no:cacheprovider poison_pipeline_tests/test_model.py

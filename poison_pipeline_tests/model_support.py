@@ -1,0 +1,605 @@
+"""What the model-based test and the reproductions of "nothing lost" share: a small lake of three
+queues, a handler that records every side effect, operations run in-process or in a child process
+that is killed or paused at a chosen commit point, and the places a message can be in.
+
+Commit points are counted at stable, low-level places rather than at the product's own private
+functions (which move as the product changes): every call into delta-rs that writes a table
+(`write_deltalake`, and the `DeltaTable` methods that commit), and every call on a pyarrow file
+system that makes a file durable (`open_output_stream`, `move`, `delete_file`, `delete_dir`: plain
+files such as journals and plans). The `_lease` table is left out: its commits hold the lease, not
+the operation's work, and a renewal thread makes them at times of its own.
+
+A child is forked from a multiprocessing fork server that imported the product once, so a child costs
+milliseconds, not the two seconds an import takes. delta-rs's runtime refuses to run in a process
+forked after it started, which the fork server's own process never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from poison_pipeline.domain.envelope import Message
+
+HANDLER = "poison_pipeline_tests.model_support:handle"
+EXPIRY_SECONDS = 1.0
+# A takeover waits this long after a holder stopped: past its expiry, with room for a late renewal.
+PAST_EXPIRY = EXPIRY_SECONDS * 1.8
+POLICIES: dict[str, dict[str, Any]] = {
+    # A retry subqueue due at once, then poison; a poison cycle moves poison to quarantine.
+    "qa": {"receive_retry_count": 0, "max_retry_cycles": 1, "retry_cycle_delay": "0s",
+           "receive_error_handling": "move"},
+    # Failures go to dead_letter.
+    "qb": {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "reject"},
+    "qc": {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "move"},
+}
+QUEUES = tuple(POLICIES)
+FAILURE_TABLES = ("poison", "dead_letter", "quarantine")
+LEASE_TABLE = "_lease"
+
+
+def write_declaration(folder: Path, queues: dict[str, dict[str, Any]] | None = None,
+                      expiry: float = EXPIRY_SECONDS, wait: float = 20.0) -> Path:
+    """The declaration of a lake under `folder`, small cycles only, a short lease expiry."""
+    chosen = POLICIES if queues is None else queues
+    data = {
+        "lake_root": str(folder / "lake"),
+        "lease": {"wait": f"{wait}s", "expiry": f"{expiry}s"},
+        "small_cycles": {"max_messages": 1000},
+        "queues": {name: {"handler": HANDLER, "policy": policy} for name, policy in chosen.items()},
+    }
+    path = folder / "decl.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# ------------------------------------------------------------------------------------------ handler
+
+def body_of(folder: Path, fail: str, sleep: float = 0.0) -> dict[str, Any]:
+    """A message body: the handler finds its log through it (a fork server keeps the environment it
+    started with, so an environment variable could name another test's folder). `fail` is never,
+    always, or fixable (fails until the folder's `fixed` file exists)."""
+    return {"fail": fail, "dir": str(folder), "sleep": sleep}
+
+
+def _driver_pid() -> int:
+    """The process that ran the cycle: a small cycle delivers in a worker forked by a fork server
+    that the driver started, so the driver is the worker's grandparent (1 once the driver died)."""
+    try:
+        stat = Path(f"/proc/{os.getppid()}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def handle(message: Message) -> None:
+    """Record one side effect per call: `start`, then `ok` or `fail`, with the driver's pid and the time."""
+    raw = message.body
+    try:
+        body = json.loads(raw if isinstance(raw, (bytes, str)) else b"{}")
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict) or "dir" not in body:
+        return
+    folder = Path(body["dir"])
+    driver = _driver_pid()
+
+    def note(what: str) -> None:
+        with open(folder / "effects.log", "a") as out:
+            out.write(f"{what} {message.message_id} {driver} {os.getpid()} {time.time():.3f}\n")
+
+    note("start")
+    if body.get("sleep"):
+        time.sleep(float(body["sleep"]))
+    fail = body.get("fail")
+    if fail == "always" or (fail == "fixable" and not (folder / "fixed").exists()):
+        note("fail")
+        raise ValueError(f"{fail} failure")
+    note("ok")
+
+
+@dataclass(frozen=True)
+class Effect:
+    what: str
+    message_id: str
+    driver: int
+    pid: int
+    at: float
+
+
+def effects(folder: Path) -> list[Effect]:
+    path = folder / "effects.log"
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        parts = line.split(" ")
+        if len(parts) == 5:  # a line a killed worker left half written is no side effect
+            found.append(Effect(parts[0], parts[1], int(parts[2]), int(parts[3]), float(parts[4])))
+    return found
+
+
+# ------------------------------------------------------------------------------------ commit points
+
+_DELTA_METHODS = ("delete", "restore", "vacuum", "create_write_transaction", "update", "create_checkpoint",
+                  "cleanup_metadata")
+
+
+@dataclass
+class Points:
+    """Counts commit points and calls `before(n, label)` / `after(n, label)` around the n-th."""
+
+    before: Callable[[int, str], None]
+    after: Callable[[int, str], None]
+    labels: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def around(self, label: str, call: Callable[[], Any]) -> Any:
+        if f"/{LEASE_TABLE}" in label:
+            return call()
+        with self._lock:
+            self.labels.append(label)
+            n = len(self.labels)
+        self.before(n, label)
+        result = call()
+        self.after(n, label)
+        return result
+
+
+def _uri_of(target: Any) -> str:
+    if isinstance(target, (str, os.PathLike)):
+        return str(target)
+    for name in ("table_uri", "_table_uri"):
+        value = getattr(target, name, None)
+        if isinstance(value, str):
+            return value
+    inner = getattr(target, "table", None) or getattr(target, "_table", None)
+    return _uri_of(inner) if inner is not None and inner is not target else "?"
+
+
+def install_points(points: Points) -> None:
+    """Route every delta-rs write and every durable file operation of this process through `points`.
+    Call once per process: the product's modules imported `write_deltalake` by name, so each loaded
+    module's reference is replaced as well."""
+    import deltalake
+    import deltalake.writer
+    from deltalake import DeltaTable
+
+    original = deltalake.write_deltalake
+
+    def write_deltalake(table_or_uri: Any, *args: Any, **kwargs: Any) -> Any:
+        return points.around(f"write {_uri_of(table_or_uri)}",
+                             lambda: original(table_or_uri, *args, **kwargs))
+
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "") or ""
+        if name.startswith(("poison_pipeline", "deltalake")) and getattr(module, "write_deltalake", None) is original:
+            module.write_deltalake = write_deltalake  # type: ignore[attr-defined]
+
+    def wrap_method(owner: type, name: str) -> None:
+        method = getattr(owner, name, None)
+        if method is None:
+            return
+
+        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return points.around(f"{name} {_uri_of(self)}", lambda: method(self, *args, **kwargs))
+
+        setattr(owner, name, wrapped)
+
+    for name in _DELTA_METHODS:
+        wrap_method(DeltaTable, name)
+    with contextlib.suppress(ImportError):
+        from deltalake.table import TableMerger, TableOptimizer
+        wrap_method(TableMerger, "execute")
+        wrap_method(TableOptimizer, "compact")
+        wrap_method(TableOptimizer, "z_order")
+    created = DeltaTable.create.__func__  # type: ignore[attr-defined]
+
+    def create(cls: type, table_uri: Any, *args: Any, **kwargs: Any) -> Any:
+        return points.around(f"create {_uri_of(table_uri)}", lambda: created(cls, table_uri, *args, **kwargs))
+
+    DeltaTable.create = classmethod(create)  # type: ignore[method-assign, assignment]
+    with contextlib.suppress(ImportError, AttributeError):
+        import deltalake.transaction as transaction
+        made = transaction.create_table_with_add_actions
+
+        def create_with_actions(table_uri: Any, *args: Any, **kwargs: Any) -> Any:
+            return points.around(f"create {_uri_of(table_uri)}", lambda: made(table_uri, *args, **kwargs))
+
+        for module in list(sys.modules.values()):
+            if getattr(module, "create_table_with_add_actions", None) is made:
+                module.create_table_with_add_actions = create_with_actions  # type: ignore[attr-defined]
+
+    _count_file_writes(points)
+
+
+def _counting(inner: Any, points: Points) -> Any:
+    import pyarrow.fs as pafs
+    handler = type("Counting", (_Counting, pafs.FileSystemHandler), {})
+    return handler(inner, points)
+
+
+class _Counting:
+    """A pyarrow file system handler over a real file system, counting each durable operation
+    (mixed with pyarrow's FileSystemHandler in `_counting`, imported only there)."""
+
+    def __init__(self, inner: Any, points: Points) -> None:
+        self.inner = inner
+        self.points = points
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Counting) and self.inner.equals(other.inner)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return id(self.inner)
+
+    def get_type_name(self) -> str:
+        return f"counting-{self.inner.type_name}"
+
+    def normalize_path(self, path: str) -> str:
+        return str(self.inner.normalize_path(path))
+
+    def get_file_info(self, paths: list[str]) -> Any:
+        return self.inner.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: Any) -> Any:
+        return self.inner.get_file_info(selector)
+
+    def get_file_info_selector_(self, selector: Any) -> Any:  # pragma: no cover - pyarrow's older name
+        return self.inner.get_file_info(selector)
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self.inner.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self.points.around(f"fs.delete_dir {path}", lambda: self.inner.delete_dir(path))
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self.points.around(f"fs.delete_dir_contents {path}",
+                           lambda: self.inner.delete_dir_contents(path, missing_dir_ok=missing_dir_ok))
+
+    def delete_root_dir_contents(self) -> None:
+        raise PermissionError("the model test never empties a root folder")
+
+    def delete_file(self, path: str) -> None:
+        self.points.around(f"fs.delete_file {path}", lambda: self.inner.delete_file(path))
+
+    def move(self, src: str, dest: str) -> None:
+        self.points.around(f"fs.move {dest}", lambda: self.inner.move(src, dest))
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self.points.around(f"fs.copy_file {dest}", lambda: self.inner.copy_file(src, dest))
+
+    def open_input_stream(self, path: str) -> Any:
+        return self.inner.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> Any:
+        return self.inner.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata: Any) -> Any:
+        return self.points.around(f"fs.open_output_stream {path}",
+                                  lambda: self.inner.open_output_stream(path, metadata=metadata))
+
+    def open_append_stream(self, path: str, metadata: Any) -> Any:
+        return self.points.around(f"fs.open_append_stream {path}",
+                                  lambda: self.inner.open_append_stream(path, metadata=metadata))
+
+
+def _count_file_writes(points: Points) -> None:
+    """Make `pyarrow.fs.FileSystem.from_uri` (how the product opens plain files) hand out a file
+    system that counts. A class stands in for `FileSystem`, as `isinstance` checks still expect."""
+    import pyarrow.fs as pafs
+    real = pafs.FileSystem
+
+    class _Meta(type):
+        def __instancecheck__(cls, instance: Any) -> bool:
+            return isinstance(instance, real)
+
+        def __subclasscheck__(cls, subclass: type) -> bool:
+            return issubclass(subclass, real)
+
+        def __getattr__(cls, name: str) -> Any:
+            return getattr(real, name)
+
+    class FileSystem(metaclass=_Meta):
+        @staticmethod
+        def from_uri(uri: str) -> tuple[Any, str]:
+            inner, path = real.from_uri(uri)
+            return pafs.PyFileSystem(_counting(inner, points)), path
+
+    pafs.FileSystem = FileSystem  # type: ignore[misc]
+
+
+
+
+# ------------------------------------------------------------------------------------- operations
+
+def no_spark() -> Any:
+    raise AssertionError("small cycles only: no Spark session may be started")
+
+
+def selection_of(spec: dict[str, Any] | None) -> Any:
+    from poison_pipeline.operations.selection import Selection
+    chosen = dict(spec or {})
+    if "ids" in chosen:
+        chosen["ids"] = tuple(chosen["ids"])
+    return Selection(**chosen)
+
+
+def run_op(config: str, op: str, args: dict[str, Any]) -> str:
+    """Run one operation as `args` say; returns a short description of its result."""
+    from poison_pipeline.domain.declaration import load_declaration
+    declaration = load_declaration(config)
+    if op == "cycle":
+        from poison_pipeline.engine.cycle import run_cycle
+        report = run_cycle(no_spark, declaration, args["queue"], args["table"], run_id=args.get("run_id", "model"))
+        return f"cycle {report.counts}"
+    if op == "enqueue":
+        from poison_pipeline.operations.enqueue import enqueue_data
+        data = "".join(json.dumps(line) + "\n" for line in args["lines"]).encode()
+        done = enqueue_data(declaration, args["queue"], data)
+        return json.dumps({"accepted": done.accepted, "refused": [r.message_id for r in done.refused]})
+    if op == "redrive":
+        from poison_pipeline.operations.redrive import redrive
+        result = redrive(declaration, args["queue"], args["source"], selection_of(args.get("selection")),
+                         to=args.get("to"), redrive_id=args.get("id"), actor="model", run_id="model")
+        return f"redrive {result.redrive_id} moved {result.moved} already_done={result.already_done}"
+    if op == "edit":
+        from poison_pipeline.operations.edit import edit
+        edited = edit(declaration, args["message_id"], args["body"].encode(), queue=args.get("queue"),
+                      edit_id=args.get("id"), actor="model", run_id="model")
+        return f"edit {edited}"
+    if op == "purge":
+        from poison_pipeline.operations.purge import purge
+        purged = purge(declaration, args["queue"], args["table"], timedelta(seconds=args.get("older_than", 0)),
+                       selection_of(args.get("selection")), purge_id=args.get("id"), actor="model", run_id="model")
+        return f"purge {purged}"
+    if op == "undo":
+        from poison_pipeline.operations.undo import undo
+        return f"undo {undo(declaration, args['id'], actor='model', run_id='model')}"
+    if op == "maintain":
+        from poison_pipeline.operations.maintenance import maintain
+        maintain(declaration, args["queue"], vacuum=args.get("vacuum", False),
+                 retention=timedelta(seconds=args.get("retention", 7 * 86400)), run_id="model")
+        return "maintained"
+    if op == "end":
+        from poison_pipeline.operations.end_conversation import end_conversation_by_operator
+        ended = end_conversation_by_operator(declaration, args["queue"], args["conversation"], 1, "ended by model",
+                                             "model")
+        return f"ended {ended.result.removed_total}"
+    raise ValueError(f"operation {op!r}")
+
+
+# ---------------------------------------------------------------------------------- child processes
+
+_CONTEXT: Any = None
+
+
+def _context() -> Any:
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload([
+            "poison_pipeline_tests.model_support", "poison_pipeline.engine.cycle",
+            "poison_pipeline.operations.redrive", "poison_pipeline.operations.edit",
+            "poison_pipeline.operations.purge", "poison_pipeline.operations.undo",
+            "poison_pipeline.operations.enqueue", "poison_pipeline.operations.maintenance",
+            "poison_pipeline.operations.end_conversation", "deltalake", "pyarrow.parquet"])
+    return _CONTEXT
+
+
+def _child(config: str, op: str, args: dict[str, Any], mode: str, at: int, match: str, status: str,
+           prepare: str | None) -> None:
+    """The body of a child: stop (kill: SIGKILL right after; pause: SIGSTOP right before) the `at`-th
+    commit point whose label contains `match`; write what happened to the `status` file."""
+    out = Path(status)
+
+    def say(line: str) -> None:
+        with open(out, "a") as stream:
+            stream.write(line + "\n")
+
+    seen = [0]
+
+    def hit(label: str) -> bool:
+        if match not in label:
+            return False
+        seen[0] += 1
+        return seen[0] == at
+
+    def before(n: int, label: str) -> None:
+        if mode == "pause" and hit(label):
+            say(f"PAUSED {n} {label}")
+            os.kill(os.getpid(), signal.SIGSTOP)
+            say("RESUMED")
+
+    def after(n: int, label: str) -> None:
+        if mode == "kill" and hit(label):
+            say(f"KILLED {n} {label}")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if prepare:
+        module, _, name = prepare.partition(":")
+        getattr(__import__(module, fromlist=[name]), name)()
+    points = Points(before, after)
+    install_points(points)
+    try:
+        result = run_op(config, op, args)
+        say(f"POINTS {json.dumps(points.labels)}")
+        say(f"DONE {result}")
+    except BaseException as error:  # a failure of the operation is an outcome: the test judges the lake
+        say(f"FAILED {type(error).__name__}: {str(error)[:300]}")
+
+
+@dataclass
+class Child:
+    process: Any
+    status: Path
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    def lines(self) -> list[str]:
+        return self.status.read_text().splitlines() if self.status.exists() else []
+
+    def stopped(self) -> bool:
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+    def wait_paused_or_done(self, timeout: float = 120.0) -> str:
+        """"paused", "done" (it ended, killed or not) or "timeout"."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not self.process.is_alive():
+                self.process.join()
+                return "done"
+            if self.stopped() and any(line.startswith("PAUSED") for line in self.lines()):
+                return "paused"
+            time.sleep(0.02)
+        return "timeout"
+
+    def resume(self, timeout: float = 120.0) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+        self.process.join(timeout)
+        if self.process.is_alive():  # a resumed process that never ends is a failure the caller sees
+            os.kill(self.pid, signal.SIGKILL)
+            self.process.join()
+
+    def finish(self, timeout: float = 120.0) -> None:
+        self.process.join(timeout)
+        if self.process.is_alive():
+            os.kill(self.pid, signal.SIGKILL)
+            self.process.join()
+
+    def killed(self) -> bool:
+        return any(line.startswith("KILLED") for line in self.lines())
+
+    def outcome(self) -> str:
+        lines = self.lines()
+        return lines[-1] if lines else f"exit {self.process.exitcode}"
+
+
+_CHILDREN = Counter[str]()
+
+
+def start_child(config: Path, op: str, args: dict[str, Any], mode: str, at: int, match: str = "",
+                prepare: str | None = None) -> Child:
+    """Start `op` in a child process, to be killed right after (mode kill) or paused right before
+    (mode pause) its `at`-th commit point whose label contains `match` (mode run: neither)."""
+    _CHILDREN["started"] += 1
+    status = config.parent / f"child-{_CHILDREN['started']}-{os.getpid()}.status"
+    process = _context().Process(target=_child, args=(str(config), op, args, mode, at, match, str(status), prepare),
+                                 daemon=True)
+    process.start()
+    return Child(process, status)
+
+
+# --------------------------------------------------------------------------------------- the lake
+
+def place_tables(queue: str) -> list[str]:
+    """The tables of a queue a message can be in (each row one copy), besides its waiting tables."""
+    return ["processed", "dead_letter", "quarantine", "purged"]
+
+
+def places(config: Path) -> dict[str, list[tuple[str, str]]]:
+    """Where each message id is: (queue, table) once per row, across every table of every queue."""
+    from deltalake import DeltaTable
+
+    from poison_pipeline.domain.declaration import load_declaration
+    from poison_pipeline.storage.tables import QueueTables
+    declaration = load_declaration(str(config))
+    found: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for queue in declaration.queues:
+        tables = QueueTables.of(declaration, queue)
+        for table in (*tables.waiting, *place_tables(queue)):
+            if not tables.exists(table):
+                continue
+            ids = DeltaTable(tables.uri(table), storage_options=tables.storage_options).to_pyarrow_table(
+                columns=["message_id"])["message_id"].to_pylist()
+            for message_id in ids:
+                found[message_id].append((queue, table))
+    return found
+
+
+def ids_in(config: Path, queue: str, table: str) -> list[str]:
+    return sorted(m for m, where in places(config).items() for q, t in where if (q, t) == (queue, table))
+
+
+def product_lines(config: Path) -> dict[str, tuple[int | None, int, str]]:
+    """The product's own conservation per queue: (received, accounted, line)."""
+    from poison_pipeline.domain.declaration import load_declaration
+    from poison_pipeline.operations.conservation import conservation
+    from poison_pipeline.storage.intake import accepted_total
+    from poison_pipeline.storage.tables import QueueTables
+    declaration = load_declaration(str(config))
+    found = {}
+    for queue in declaration.queues:
+        tables = QueueTables.of(declaration, queue)
+        if not tables.exists("processed"):
+            continue
+        line = conservation(tables)
+        received = accepted_total(tables)
+        found[queue] = (received, line.accounted, line.line(received))
+    return found
+
+
+def actions(config: Path) -> list[Any]:
+    from poison_pipeline.domain.declaration import load_declaration
+    from poison_pipeline.operations.actions import list_actions
+    declaration = load_declaration(str(config))
+    found = []
+    for queue in declaration.queues:
+        with contextlib.suppress(FileNotFoundError):
+            found.extend(list_actions(declaration, queue))
+    return found
+
+
+def lines_for(folder: Path, ids: list[str], fail: str = "always", conversation: str | None = None,
+              sleep: float = 0.0) -> list[dict[str, Any]]:
+    made = []
+    for message_id in ids:
+        line: dict[str, Any] = {"message_id": message_id, "message_type": "t", "body": body_of(folder, fail, sleep)}
+        if conversation is not None:
+            line["conversation_id"] = conversation
+        made.append(line)
+    return made
+
+
+SKEW = timedelta(minutes=3)
+
+
+def skew_clock() -> None:
+    """A host whose wall clock runs SKEW ahead, as the lease module sees it (a child's `prepare`)."""
+    from datetime import datetime
+
+    import poison_pipeline.storage.lease as lease
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return datetime.now(tz) + SKEW
+
+    if hasattr(lease, "datetime"):
+        lease.datetime = Skewed  # type: ignore[misc]
+    real = time.time
+    time.time = lambda: real() + SKEW.total_seconds()  # type: ignore[assignment]

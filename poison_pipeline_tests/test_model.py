@@ -1,0 +1,449 @@
+"""The model-based test of "nothing lost, whatever operators do and however long a process pauses":
+random sequences of enqueues, cycles, redrives, edits, purges, undos, maintenance, conversation ends,
+processes killed at a random commit point and holders paused past their lease expiry, over a real
+lake of three queues (model_support.py). After every step the invariants below hold.
+
+Invariants, checked after every step (`check`), from the tables and the test's own record:
+
+1. Nothing lost: every message id the test enqueued (and the lake accepted) has at least as many rows
+   across every place of every queue as copies were accepted. A place is a waiting table (inbound,
+   retry_1, poison), processed (any disposition: a ledger row), dead_letter, quarantine or purged.
+2. Exactly one place (per accepted copy): an id has exactly as many rows across all places as copies
+   were accepted, and only in queues it could reach (the queue it was enqueued to, or the target of a
+   `--to` redrive run while it was in the source's table). A process killed or paused may leave its
+   queue half done until the next cycle of that queue completes it (README, crash safety): this one
+   is checked for every id whose reachable queues have no interrupted work; it is checked for all
+   after `settle`, which runs every queue's cycles and any action still planned.
+3. Purged on purpose: every id in a purged ledger was in that table of that queue when a purge of it
+   was started.
+4. The product's own books agree: each queue's conservation line balances (accounted = accepted in
+   its intake ledger), and the sum of what all queues account for equals the copies the test
+   enqueued (moves between queues cancel out; a message gone from every queue does not).
+5. Side effects: a successful handler call (`ok` in the effects log) is counted per message id
+   from drivers that were neither killed nor paused; there are at most as many as copies of the id
+   were accepted. The README allows a handler to be called again when the run that called it was
+   killed before its cycle committed: calls by killed drivers, and by paused drivers before their
+   pause, are not counted. A paused driver, once resumed after another holder took its lease, may
+   finish the one attempt in flight: at most one `ok` after its resume.
+6. Actions: every action in every ledger is planned, done or undone; after `settle`, none is planned.
+
+The counts of a run (sequences, steps, kills, pauses, violations) are printed at the end (conftest).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from poison_pipeline_tests import model_support as ms
+from poison_pipeline_tests.fuzz_support import COUNTS, active_profile
+
+# Sequences and steps per profile: `ci` (make test) is bounded, `long` (make model) is the proof.
+BUDGETS = {"ci": (10, 20), "long": (2000, 30)}
+FINAL = ("done", "undone")
+KINDS = ("never", "always", "fixable")
+
+
+class Violation(AssertionError):
+    pass
+
+
+class LakeModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = Path(tempfile.mkdtemp(prefix="pp-model-"))
+        self.config = ms.write_declaration(self.folder)
+        self.copies: Counter[str] = Counter()
+        self.reach: dict[str, set[str]] = defaultdict(set)
+        self.purgeable: set[tuple[str, str, str]] = set()  # (queue, table, id) seen before a purge
+        self.interrupted: dict[str, set[str]] = defaultdict(set)  # queue -> what a kill or pause left
+        self.killed_drivers: set[int] = set()
+        self.paused: dict[int, float] = {}  # paused driver -> when it was resumed
+        self.counter = 0
+        self.ids_used: list[str] = []  # redrive/edit/purge ids given, for reuse
+        self.steps = 0
+        COUNTS["model sequences"] += 1
+
+    def teardown(self) -> None:
+        try:
+            if self.steps:
+                self.settle()
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------ helpers
+
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def step(self, what: str) -> None:
+        self.steps += 1
+        COUNTS["model steps"] += 1
+        COUNTS[f"model step {what}"] += 1
+
+    def run(self, op: str, args: dict[str, Any]) -> str:
+        """Run an operation in-process: a refusal or failure is an outcome, the lake is judged."""
+        try:
+            return ms.run_op(str(self.config), op, args)
+        except Exception as error:  # noqa: BLE001 - any failure leaves the lake to be judged
+            COUNTS["model operations failed"] += 1
+            if op != "enqueue":
+                # A failure half way is an interruption its queue's next cycle completes.
+                for queue in self.queues_of(op, args):
+                    self.interrupted[queue].add(f"failed {op}")
+            return f"FAILED {type(error).__name__}: {error}"
+
+    def queues_of(self, op: str, args: dict[str, Any]) -> list[str]:
+        if op == "undo":
+            return list(ms.QUEUES)
+        if op == "edit":
+            return [args["queue"]] if args.get("queue") else list(ms.QUEUES)
+        found = [args["queue"]]
+        if args.get("to"):
+            found.append(args["to"])
+        return found
+
+    def ids(self, queue: str, table: str) -> list[str]:
+        return ms.ids_in(self.config, queue, table)
+
+    def before_move(self, op: str, args: dict[str, Any]) -> None:
+        """What the test records before an operation starts: ids that may move or be purged."""
+        if op == "redrive" and args.get("to"):
+            for message_id in self.ids(args["queue"], args["source"]):
+                if args["queue"] in self.reach[message_id]:
+                    self.reach[message_id].add(args["to"])
+        if op == "purge":
+            for message_id in self.ids(args["queue"], args["table"]):
+                self.purgeable.add((args["queue"], args["table"], message_id))
+
+    def cycle_done(self, queue: str, table: str, outcome: str) -> None:
+        if outcome.startswith("FAILED"):
+            return
+        self.interrupted[queue].discard(f"cycle {table}")
+        if not any(a.state == "planned" for a in ms.actions(self.config) if a.queue == queue):
+            self.interrupted[queue] = {w for w in self.interrupted[queue] if w.startswith("cycle ")}
+
+    # -------------------------------------------------------------------------------------- rules
+
+    @initialize(queue=st.sampled_from(ms.QUEUES), kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=4))
+    def first_enqueue(self, queue: str, kinds: list[str]) -> None:
+        self.enqueue(queue, kinds, False, None)
+
+    @rule(queue=st.sampled_from(ms.QUEUES), kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=3),
+          duplicate=st.booleans(), conversation=st.sampled_from([None, None, "c1", "c2"]))
+    def enqueue(self, queue: str, kinds: list[str], duplicate: bool, conversation: str | None) -> None:
+        self.step("enqueue")
+        new = [self.fresh("m") for _ in kinds]
+        lines = [ms.lines_for(self.folder, [m], kind, conversation)[0] for m, kind in zip(new, kinds, strict=True)]
+        if duplicate and self.copies:
+            again = sorted(self.copies)[self.counter % len(self.copies)]
+            lines.append(ms.lines_for(self.folder, [again], "never", conversation)[0])
+        outcome = self.run("enqueue", {"queue": queue, "lines": lines})
+        if outcome.startswith("FAILED"):
+            return
+        refused = Counter(json.loads(outcome)["refused"])
+        for line in lines:
+            if refused[line["message_id"]]:
+                refused[line["message_id"]] -= 1
+                continue
+            self.copies[line["message_id"]] += 1
+            self.reach[line["message_id"]].add(queue)
+
+    @rule(queue=st.sampled_from(ms.QUEUES), which=st.integers(0, 2))
+    def cycle(self, queue: str, which: int) -> None:
+        self.step("cycle")
+        table = self.waiting(queue)[which % len(self.waiting(queue))]
+        self.cycle_done(queue, table, self.run("cycle", {"queue": queue, "table": table}))
+
+    # Cycles are most of what a queue does: more rules, so that they are drawn more often.
+    @rule(queue=st.sampled_from(ms.QUEUES))
+    def inbound_cycle(self, queue: str) -> None:
+        self.cycle(queue, 0)
+
+    @rule(queue=st.sampled_from(ms.QUEUES), which=st.integers(1, 2))
+    def later_cycle(self, queue: str, which: int) -> None:
+        self.cycle(queue, which)
+
+    def waiting(self, queue: str) -> list[str]:
+        return ["inbound", "retry_1", "poison"] if queue == "qa" else ["inbound", "poison"]
+
+    @rule()
+    def fix_or_break(self) -> None:
+        self.step("fix")
+        flag = self.folder / "fixed"
+        if flag.exists():
+            flag.unlink()
+        else:
+            flag.touch()
+
+    def redrive_args(self, data: st.DataObject) -> dict[str, Any]:
+        queue = data.draw(st.sampled_from(ms.QUEUES))
+        source = data.draw(st.sampled_from(ms.FAILURE_TABLES))
+        args: dict[str, Any] = {"queue": queue, "source": source}
+        there = self.ids(queue, source)
+        how = data.draw(st.sampled_from(["all", "ids", "group"]))
+        if how == "ids" and there:
+            args["selection"] = {"ids": data.draw(st.lists(st.sampled_from(there), min_size=1, unique=True))}
+        elif how == "group":
+            from poison_pipeline.domain.declaration import load_declaration
+            from poison_pipeline.operations.groups import failure_groups
+            groups = failure_groups(load_declaration(str(self.config)), queue, source)
+            if groups:
+                args["selection"] = {"group": data.draw(st.sampled_from([g.id for g in groups]))}
+        if data.draw(st.booleans()):
+            args["to"] = data.draw(st.sampled_from([q for q in ms.QUEUES if q != queue]))
+        args["id"] = self.choose_id(data, "r")
+        return args
+
+    def choose_id(self, data: st.DataObject, prefix: str) -> str | None:
+        how = data.draw(st.sampled_from(["default", "fresh", "reused"]))
+        if how == "default":
+            return None
+        if how == "reused" and self.ids_used:
+            return data.draw(st.sampled_from(self.ids_used))
+        chosen = self.fresh(prefix)
+        self.ids_used.append(chosen)
+        return chosen
+
+    @rule(data=st.data())
+    def redrive(self, data: st.DataObject) -> None:
+        self.step("redrive")
+        args = self.redrive_args(data)
+        self.before_move("redrive", args)
+        self.run("redrive", args)
+
+    def failed_ids(self) -> list[tuple[str, str]]:
+        return sorted({(q, m) for m, where in ms.places(self.config).items() for q, t in where
+                       if t in ms.FAILURE_TABLES})
+
+    @rule(data=st.data())
+    def edit(self, data: st.DataObject) -> None:
+        self.step("edit")
+        failed = self.failed_ids()
+        if not failed:
+            return
+        queue, message_id = data.draw(st.sampled_from(failed))
+        fail = data.draw(st.sampled_from(KINDS))
+        self.run("edit", {"message_id": message_id, "queue": queue, "id": self.choose_id(data, "e"),
+                          "body": json.dumps(ms.body_of(self.folder, fail))})
+
+    def purge_args(self, data: st.DataObject) -> dict[str, Any]:
+        queue = data.draw(st.sampled_from(ms.QUEUES))
+        table = data.draw(st.sampled_from(ms.FAILURE_TABLES))
+        args: dict[str, Any] = {"queue": queue, "table": table, "older_than": 0, "id": self.choose_id(data, "p")}
+        there = self.ids(queue, table)
+        if there and data.draw(st.booleans()):
+            args["selection"] = {"ids": data.draw(st.lists(st.sampled_from(there), min_size=1, unique=True))}
+        return args
+
+    @rule(data=st.data())
+    def purge(self, data: st.DataObject) -> None:
+        self.step("purge")
+        args = self.purge_args(data)
+        self.before_move("purge", args)
+        self.run("purge", args)
+
+    def undo_args(self, data: st.DataObject) -> dict[str, Any] | None:
+        recorded = sorted((a.action_id, a.queue) for a in ms.actions(self.config))
+        if not recorded:
+            return None
+        action_id, queue = data.draw(st.sampled_from(recorded))
+        return {"id": action_id, "queue": queue}
+
+    @rule(data=st.data())
+    def undo(self, data: st.DataObject) -> None:
+        self.step("undo")
+        args = self.undo_args(data)
+        if args is not None:
+            self.run("undo", args)
+
+    @rule(queue=st.sampled_from(ms.QUEUES), vacuum=st.booleans())
+    def maintain(self, queue: str, vacuum: bool) -> None:
+        self.step("maintain")
+        self.run("maintain", {"queue": queue, "vacuum": vacuum})
+
+    @rule(queue=st.sampled_from(ms.QUEUES), conversation=st.sampled_from(["c1", "c2"]))
+    def end_conversation(self, queue: str, conversation: str) -> None:
+        self.step("end conversation")
+        self.run("end", {"queue": queue, "conversation": conversation})
+
+    def interrupted_args(self, data: st.DataObject) -> tuple[str, dict[str, Any]] | None:
+        op = data.draw(st.sampled_from(["cycle", "cycle", "redrive", "purge", "undo", "edit"]))
+        if op == "cycle":
+            queue = data.draw(st.sampled_from(ms.QUEUES))
+            return op, {"queue": queue, "table": data.draw(st.sampled_from(self.waiting(queue))), "run_id": "child"}
+        if op == "redrive":
+            return op, self.redrive_args(data)
+        if op == "purge":
+            return op, self.purge_args(data)
+        if op == "edit":
+            failed = self.failed_ids()
+            if not failed:
+                return None
+            queue, message_id = data.draw(st.sampled_from(failed))
+            return op, {"message_id": message_id, "queue": queue, "id": self.choose_id(data, "e"),
+                        "body": json.dumps(ms.body_of(self.folder, "never"))}
+        args = self.undo_args(data)
+        return None if args is None else (op, args)
+
+    def mark_interrupted(self, op: str, args: dict[str, Any]) -> None:
+        for queue in self.queues_of(op, args) if op != "cycle" else [args["queue"]]:
+            self.interrupted[queue].add(f"cycle {args['table']}" if op == "cycle" else f"interrupted {op}")
+
+    @rule(data=st.data(), at=st.integers(1, 8))
+    def kill(self, data: st.DataObject, at: int) -> None:
+        """Run an operation in a child killed (SIGKILL) right after its `at`-th commit point."""
+        self.step("kill")
+        chosen = self.interrupted_args(data)
+        if chosen is None:
+            return
+        op, args = chosen
+        self.before_move(op, args)
+        child = ms.start_child(self.config, op, args, "kill", at)
+        child.finish()
+        if child.killed():
+            COUNTS["model kills"] += 1
+            self.killed_drivers.add(child.pid)
+            self.mark_interrupted(op, args)
+        elif op == "cycle":
+            self.cycle_done(args["queue"], args["table"], child.outcome())
+        elif child.outcome().startswith("FAILED"):
+            self.mark_interrupted(op, args)
+
+    @rule(data=st.data(), at=st.integers(1, 6))
+    def pause(self, data: st.DataObject, at: int) -> None:
+        """Pause (SIGSTOP) an operation right before its `at`-th commit point, past its lease expiry;
+        a cycle of the same queue takes the lease over; then resume it and let it end."""
+        self.step("pause")
+        chosen = self.interrupted_args(data)
+        if chosen is None:
+            return
+        op, args = chosen
+        self.before_move(op, args)
+        child = ms.start_child(self.config, op, args, "pause", at)
+        state = child.wait_paused_or_done()
+        if state != "paused":
+            child.finish()
+            if child.outcome().startswith("FAILED"):
+                self.mark_interrupted(op, args)
+            return
+        COUNTS["model pauses"] += 1
+        time.sleep(ms.PAST_EXPIRY)
+        queue = args.get("queue") or ms.QUEUES[0]
+        taker = self.run("cycle", {"queue": queue, "table": "inbound", "run_id": "taker"})
+        self.cycle_done(queue, "inbound", taker)
+        resumed_at = time.time()
+        child.resume()
+        self.paused[child.pid] = resumed_at
+        self.mark_interrupted(op, args)
+
+    @precondition(lambda self: self.steps > 0)
+    @rule()
+    def settle_step(self) -> None:
+        self.step("settle")
+        self.settle()
+
+    def settle(self) -> None:
+        """Run every queue's cycles, then run again any action left planned, then the strict checks."""
+        for _ in range(2):
+            for queue in ms.QUEUES:
+                for table in self.waiting(queue):
+                    self.run("cycle", {"queue": queue, "table": table, "run_id": "settle"})
+            for action in ms.actions(self.config):
+                if action.state == "planned":
+                    self.rerun(action)
+        self.interrupted.clear()
+        self.check()
+        left = [(a.action_id, a.kind, a.queue) for a in ms.actions(self.config) if a.state not in FINAL]
+        self.require(not left, f"actions not in a final state after settle: {left}")
+
+    def rerun(self, action: Any) -> None:
+        args = dict(action.arguments)
+        if action.kind == "redrive":
+            self.run("redrive", {"queue": action.queue, "source": args.get("from"), "to": args.get("to"),
+                                 "selection": args.get("selection") or {}, "id": action.action_id})
+        elif action.kind == "purge":
+            self.run("purge", {"queue": action.queue, "table": args.get("table"), "older_than": 0,
+                               "selection": args.get("selection") or {}, "id": action.action_id})
+        elif action.kind == "undo" and args.get("action_id"):
+            self.run("undo", {"id": args["action_id"]})
+
+    # --------------------------------------------------------------------------------- invariants
+
+    def require(self, ok: bool, what: str) -> None:
+        if not ok:
+            COUNTS["model violations"] += 1
+            raise Violation(what)
+
+    @invariant()
+    def books_balance(self) -> None:
+        if self.steps:
+            self.check()
+
+    def check(self) -> None:
+        where = ms.places(self.config)
+        busy = {q for q, why in self.interrupted.items() if why}
+        for message_id, copies in self.copies.items():
+            found = where.get(message_id, [])
+            self.require(len(found) >= copies, f"{message_id} lost: {copies} accepted, found in {found}")
+            if self.reach[message_id] & busy:
+                continue
+            self.require(len(found) == copies, f"{message_id} in two places: {copies} accepted, found in {found}")
+            outside = [(q, t) for q, t in found if q not in self.reach[message_id]]
+            self.require(not outside, f"{message_id} in a queue it could not reach: {outside}")
+        strays = sorted(set(where) - set(self.copies))
+        self.require(not strays, f"ids never accepted are in the lake: {strays[:5]}")
+        for message_id, found in where.items():
+            for queue, table in found:
+                if table == "purged":
+                    self.require(any((queue, t, message_id) in self.purgeable for t in ms.FAILURE_TABLES),
+                                 f"{message_id} in {queue}'s purged ledger though no purge found it there")
+        lines = ms.product_lines(self.config)
+        for queue, (received, accounted, line) in lines.items():
+            if queue in busy:
+                continue
+            self.require(received is None or received == accounted, f"the product's own books: {line}")
+        if not busy:
+            total = sum(accounted for _, accounted, _ in lines.values())
+            self.require(total == sum(self.copies.values()),
+                         f"the queues account for {total} messages, {sum(self.copies.values())} were accepted: "
+                         + "; ".join(line for _, _, line in lines.values()))
+        self.check_effects()
+        states = Counter(a.state for a in ms.actions(self.config))
+        self.require(set(states) <= {"planned", *FINAL}, f"actions in impossible states: {states}")
+
+    def check_effects(self) -> None:
+        clean: Counter[str] = Counter()
+        after_resume: Counter[int] = Counter()
+        for effect in ms.effects(self.folder):
+            if effect.what != "ok":
+                continue
+            if effect.driver in self.paused and effect.at >= self.paused[effect.driver]:
+                after_resume[effect.driver] += 1
+            elif effect.driver not in self.killed_drivers and effect.driver not in self.paused and effect.driver > 1:
+                clean[effect.message_id] += 1
+        for message_id, count in clean.items():
+            self.require(count <= self.copies[message_id],
+                         f"{message_id}: {count} successful side effects, {self.copies[message_id]} accepted")
+        for driver, count in after_resume.items():
+            self.require(count <= 1, f"paused driver {driver} delivered {count} messages after it was resumed")
+
+
+def _settings() -> settings:
+    examples, steps = BUDGETS.get(active_profile(), BUDGETS["ci"])
+    return settings(settings.get_profile(active_profile()), max_examples=examples, stateful_step_count=steps)
+
+
+LakeModel.TestCase.settings = _settings()
+test_lake_model = pytest.mark.e2e(LakeModel.TestCase)
