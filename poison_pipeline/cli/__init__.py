@@ -4,8 +4,8 @@ module assembles them and turns refusals into exit codes.
 
 Exit codes: 0 success; 1 the command ran but not everything went through (lines refused, message not
 found, storage failure); 2 usage or configuration errors; 3 the queue is busy (another run held its
-lease for longer than `lease.wait`, or took it over while this command ran: LeaseLost). A user mistake is one line on stderr,
-never a traceback.
+lease for longer than `lease.wait`, or took it over while this command ran: LeaseLost). A user
+mistake is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
