@@ -26,9 +26,10 @@ from poison_pipeline.domain.envelope import TEXT_LIMIT
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 # Examples per property and profile. An envelope example is a whole batch of lines.
 BUDGETS = {
-    "ci": {"envelopes": 14, "cli_enqueue": 4, "objects": 6, "declarations": 300, "yaml": 60, "argv": 160},
+    "ci": {"envelopes": 14, "cli_enqueue": 4, "objects": 6, "declarations": 300, "yaml": 60, "argv": 160,
+           "predicates": 400},
     "long": {"envelopes": 90, "cli_enqueue": 25, "objects": 40, "declarations": 10_000, "yaml": 1_000,
-             "argv": 10_000},
+             "argv": 10_000, "predicates": 10_000},
 }
 COUNTS: Counter[str] = Counter()
 

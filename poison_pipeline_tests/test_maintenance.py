@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from poison_pipeline.defs.naming import maintenance_schedule_name
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.checks import check_conservation
-from poison_pipeline.operations.maintenance import maintain
+from poison_pipeline.operations.maintenance import RetentionTooShort, maintain, retention_hours
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage.tables import QueueTables, _whole_file_removes
@@ -44,8 +45,9 @@ def test_after_maintenance_a_cycle_takes_every_small_batch_once_and_an_undo_stil
     for b in range(20):
         send(declaration, {f"m{b}-{i}": {} for i in range(3)})
     assert tables.stats("inbound", purged.cutoff).files == 20
+    _removed_hours_ago(declaration.lake_root, 2)
 
-    result = maintain(declaration, "q", retention=timedelta(0))
+    result = maintain(declaration, "q", retention=timedelta(hours=1))
 
     by_table = {t.table: t for t in result.tables}
     assert by_table["inbound"].files_after == 1 and by_table["intake"].files_after == 1
@@ -57,6 +59,54 @@ def test_after_maintenance_a_cycle_takes_every_small_batch_once_and_an_undo_stil
     where = places(declaration)
     assert all(where[f"m{b}-{i}"] == ["processed:processed"] for b in range(20) for i in range(3))
     assert check_conservation(tables).passed
+
+
+def _removed_hours_ago(lake_root: str, hours: int) -> None:
+    """Date every file removal in the lake's logs `hours` back: delta-rs's vacuum goes by each
+    remove's deletionTimestamp, and a test cannot wait hours for one to age."""
+    then = int((time.time() - hours * 3600) * 1000)
+    for log in Path(lake_root).glob("*/*/_delta_log/*.json"):
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        for action in lines:
+            if "remove" in action:
+                action["remove"]["deletionTimestamp"] = then
+        log.write_text("".join(json.dumps(action) + "\n" for action in lines))
+
+
+def test_a_retention_under_an_hour_vacuums_an_hour_and_time_travel_a_minute_back_works(
+        tmp_path: Path, capsys) -> None:
+    config = tmp_path / "poison_pipeline.yaml"
+    config.write_text(yaml.safe_dump({"lake_root": "lake", "queues": queue(**POLICY)}))
+    declaration = load_declaration(config)
+    for b in range(3):
+        send(declaration, {f"m{b}": {}})
+    inbound = QueueTables.of(declaration, "q").uri("inbound")
+    before = DeltaTable(inbound).version()
+    assert main(["--config", str(config), "maintain", "q", "--retention", "30m", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["retention_hours"] == 1
+    assert sum(t["vacuumed_files"] for t in out["tables"]) == 0  # every removal is seconds old
+    # The version before compaction, written a moment ago, still reads: its files were kept.
+    assert DeltaTable(inbound, version=before).to_pyarrow_table().num_rows == 3
+
+
+@pytest.mark.parametrize("retention", ["0", "30s", "59s"])
+def test_a_retention_shorter_than_the_lease_expiry_is_refused_and_nothing_is_done(
+        tmp_path: Path, capsys, retention: str) -> None:
+    config = tmp_path / "poison_pipeline.yaml"
+    config.write_text(yaml.safe_dump({"lake_root": "lake", "queues": queue(**POLICY)}))  # lease.expiry 1m
+    declaration = load_declaration(config)
+    for b in range(3):
+        send(declaration, {f"m{b}": {}})
+    inbound = QueueTables.of(declaration, "q").uri("inbound")
+    before = (DeltaTable(inbound).version(), len(DeltaTable(inbound).file_uris()))
+    assert main(["--config", str(config), "maintain", "q", "--retention", retention]) == 2
+    err = capsys.readouterr().err
+    assert "is shorter than the queue's lease expiry (60s)" in err and "Traceback" not in err
+    assert (DeltaTable(inbound).version(), len(DeltaTable(inbound).file_uris())) == before
+    with pytest.raises(RetentionTooShort):
+        maintain(declaration, "q", retention=timedelta(seconds=59))
+    assert maintain(declaration, "q", retention=timedelta(0), vacuum=False).retention_hours is None
 
 
 def test_a_waiting_table_with_rows_not_yet_due_is_not_compacted(spark, make_declaration):
@@ -89,8 +139,9 @@ def test_a_table_whose_cycle_was_interrupted_is_left_for_the_cycle_that_recovers
     for b in range(3):
         send(declaration, {f"b{b}": {}})
     files = tables.open("inbound").file_uris()
+    _removed_hours_ago(declaration.lake_root, 2)
 
-    by_table = {t.table: t for t in maintain(declaration, "q", retention=timedelta(0)).tables}
+    by_table = {t.table: t for t in maintain(declaration, "q", retention=timedelta(hours=1)).tables}
 
     assert "staged cycle 1 awaits recovery" in (by_table["inbound"].skipped or "")
     assert by_table["intake"].files_after == 1 and by_table["intake"].skipped is None
@@ -149,6 +200,10 @@ def test_maintain_from_the_command_line(tmp_path: Path, capsys) -> None:
     assert (out["retention_hours"], inbound["files_before"], inbound["files_after"]) == (None, 3, 1)
     assert main(["--config", str(config), "maintain", "q", "--retention", "soon"]) == 2
     assert "'soon' is not a duration" in capsys.readouterr().err
+
+
+def test_the_retention_rounds_up_to_whole_hours() -> None:
+    assert [retention_hours(timedelta(minutes=m)) for m in (1, 30, 60, 61, 90, 24 * 60)] == [1, 1, 1, 2, 2, 24]
 
 
 def test_the_maintenance_job_compacts_and_its_daily_schedule_starts_stopped(make_declaration) -> None:

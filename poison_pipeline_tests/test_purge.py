@@ -283,6 +283,21 @@ def test_the_cli_confirms_refuses_without_a_terminal_and_prints_stable_json(lake
         assert expected in capsys.readouterr().err
 
 
+def test_an_age_in_plain_seconds_is_taken_on_the_command_line(lake, tmp_path, capsys):
+    declaration, _ = lake
+    run = ["--config", _config(declaration, tmp_path), "purge", "q", "--table", "poison", "--json", "--older-than"]
+    before = table_versions(declaration)
+    # Everything in poison failed seconds ago: older than 90 seconds, nothing.
+    assert cli.main([*run, "90", "--yes"]) == cli.EXIT_INCOMPLETE
+    out, err = capsys.readouterr()
+    assert json.loads(out)["older_than_seconds"] == 90 and "nothing to purge" in err
+    assert table_versions(declaration) == before
+    assert cli.main([*run, "0", "--yes"]) == cli.EXIT_OK
+    result = json.loads(capsys.readouterr().out)
+    assert (result["older_than_seconds"], result["purged"]) == (0, 3)
+    assert ids(declaration, "poison") == []
+
+
 PURGE_COMMITS = COMMITS["purge"]  # the census in test_operation_crash keeps it true to the code
 
 

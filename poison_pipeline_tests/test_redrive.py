@@ -23,7 +23,7 @@ from poison_pipeline.operations.redrive import RedriveError, redrive
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import enqueue
-from poison_pipeline.storage.lease import LeaseHeld
+from poison_pipeline.storage.lease import Lease, LeaseHeld, LeaseLost
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.recording_handlers import read_lines
 from poison_pipeline_tests.support import places, rows, table_versions
@@ -254,3 +254,25 @@ def test_a_redrive_reports_its_progress_chunk_by_chunk(lake):
     redrive(declaration, "q", "poison", Selection(message_type="withdrawal"), rate=0.05,
             progress=lambda moved, total: heard.append((moved, total)))
     assert heard == [(1, 3), (2, 3), (3, 3)]  # three chunks of due times: one append each
+
+
+def test_a_redrive_that_lost_its_lease_exits_3_with_one_line_and_commits_nothing(lake, tmp_path, capsys,
+                                                                                 monkeypatch):
+    declaration, _ = lake
+    config = tmp_path / "config.yaml"
+    import yaml
+
+    config.write_text(yaml.safe_dump(json.loads(declaration.model_dump_json())))
+    before = table_versions(declaration)
+
+    def taken_over(self: Lease) -> None:  # as a renewal finds it once another run took the lease
+        raise LeaseLost(f"the lease of queue {self.queue!r} was taken over by run other: this run "
+                        f"({self.run_id}) stops before committing anything more")
+
+    monkeypatch.setattr(Lease, "check", taken_over)
+    code = cli.main(["--config", str(config), "redrive", "q", "--from", "poison"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BUSY
+    assert err.startswith("poison-pipeline redrive: error: the lease of queue 'q' was taken over by run other")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert table_versions(declaration) == before

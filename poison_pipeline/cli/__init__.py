@@ -4,8 +4,8 @@ module assembles them and turns refusals into exit codes.
 
 Exit codes: 0 success; 1 the command ran but not everything went through (lines refused, message not
 found, storage failure); 2 usage or configuration errors; 3 the queue is busy (another run held its
-lease for longer than `lease.wait`). A user mistake is one line on stderr,
-never a traceback.
+lease for longer than `lease.wait`, or took it over while this command ran: LeaseLost). A user
+mistake is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from poison_pipeline.cli.common import (
 from poison_pipeline.domain.declaration import DeclarationError
 from poison_pipeline.storage.control import StateNotRecorded
 from poison_pipeline.storage.faults import StorageFailure
-from poison_pipeline.storage.lease import LeaseHeld
+from poison_pipeline.storage.lease import LeaseHeld, LeaseLost
 
 __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parser", "console_main",
            "flush_output", "main", "run_console"]
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 # What each refusal the commands raise exits with; the message itself names what was wrong.
 _EXIT_FOR: tuple[tuple[type[Exception], int], ...] = (
     (UsageError, EXIT_USAGE), (DeclarationError, EXIT_USAGE), (LeaseHeld, EXIT_BUSY),
-    (StateNotRecorded, EXIT_INCOMPLETE),
+    # Another run has the queue now, as with LeaseHeld: this one stopped before committing more.
+    (LeaseLost, EXIT_BUSY), (StateNotRecorded, EXIT_INCOMPLETE),
 )
 
 
@@ -96,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_text_arguments(args)
         code: int = args.run(args)
         return code
-    except (UsageError, DeclarationError, LeaseHeld, StateNotRecorded) as error:
+    except (UsageError, DeclarationError, LeaseHeld, LeaseLost, StateNotRecorded) as error:
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return next(code for kind, code in _EXIT_FOR if isinstance(error, kind))
     except BrokenPipeError:

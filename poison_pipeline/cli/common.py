@@ -27,7 +27,9 @@ EXIT_CODES = """exit codes:
   2  usage or configuration error (unknown queue, missing file, invalid declaration,
      invalid error code or description)
   3  the queue is busy: another run held its lease for longer than lease.wait
-     (the error names it: run id, host, pid, since when)"""
+     (the error names it: run id, host, pid, since when), or this command lost the
+     lease to another run midway and stopped before committing more (run it again:
+     an interrupted action is completed by its next run or the queue's next cycle)"""
 
 CONFIG_HELP = f"declaration file (YAML); default: ${CONFIG_ENV} if set, else ./poison_pipeline.yaml"
 

@@ -6,9 +6,18 @@ import argparse
 from dataclasses import asdict
 from datetime import timedelta
 
-from poison_pipeline.cli.common import EXIT_OK, Commands, add_command, add_json, check_queue, declaration_of, print_json
+from poison_pipeline.cli.common import (
+    EXIT_OK,
+    Commands,
+    UsageError,
+    add_command,
+    add_json,
+    check_queue,
+    declaration_of,
+    print_json,
+)
 from poison_pipeline.domain.durations import parse_duration
-from poison_pipeline.operations.maintenance import DEFAULT_RETENTION, format_maintained, maintain
+from poison_pipeline.operations.maintenance import DEFAULT_RETENTION, RetentionTooShort, format_maintained, maintain
 
 
 def _duration(text: str) -> timedelta:
@@ -28,12 +37,15 @@ def add_parser(commands: Commands) -> None:
         "files of every table of QUEUE into large ones, write a checkpoint of each Delta log, and\n"
         "delete the files no version younger than the retention reads. Versions an undo may still\n"
         "read (those recorded by redrives, edits and purges not undone) keep their files, and a\n"
-        "table whose cycle was interrupted is left alone until a cycle recovers it.",
+        "table whose cycle was interrupted is left alone until a cycle recovers it. The retention is\n"
+        "rounded up to whole hours (delta-rs vacuums in hours) and may not be shorter than the queue's\n"
+        "lease.expiry (exit 2, nothing done).",
         run,
     )
     sub.add_argument("queue", metavar="QUEUE", help="the application queue to maintain")
     sub.add_argument("--retention", type=_duration, default=DEFAULT_RETENTION, metavar="DURATION",
-                     help="keep the files of versions younger than this (7d, 12h, PT1H); default: 7 days")
+                     help="keep the files of versions younger than this (7d, 12h, PT1H; rounded up to whole "
+                          "hours, at least lease.expiry); default: 7 days")
     sub.add_argument("--no-vacuum", action="store_true", help="compact and checkpoint only; delete no file")
     add_json(sub)
 
@@ -41,7 +53,10 @@ def add_parser(commands: Commands) -> None:
 def run(args: argparse.Namespace) -> int:
     declaration = declaration_of(args)
     check_queue(declaration, args.queue)
-    result = maintain(declaration, args.queue, vacuum=not args.no_vacuum, retention=args.retention)
+    try:
+        result = maintain(declaration, args.queue, vacuum=not args.no_vacuum, retention=args.retention)
+    except RetentionTooShort as error:
+        raise UsageError(f"--retention {error}") from None
     if args.json:
         print_json(asdict(result))
     else:

@@ -17,7 +17,9 @@ def add_selection_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--failed-after", metavar="TIME", type=moment, help="ISO 8601; failed at or after")
     sub.add_argument("--failed-before", metavar="TIME", type=moment, help="ISO 8601; failed before")
     sub.add_argument("--ids", metavar="FILE", help="a file of message ids, one a line")
-    sub.add_argument("--where", metavar="EXPR", help="a SQL predicate over the table's columns")
+    sub.add_argument("--where", metavar="EXPR",
+                     help="a predicate over the table's columns: = != < <= > >=, IN (...), LIKE, IS [NOT] NULL, "
+                          "BETWEEN, AND, OR, NOT, parentheses (no SQL beyond these)")
 
 
 def selection(args: argparse.Namespace) -> Selection:

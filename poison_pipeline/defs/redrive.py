@@ -27,7 +27,7 @@ from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
 from poison_pipeline.operations.actions import find_action
 from poison_pipeline.operations.groups import UnknownGroup, locate_group
 from poison_pipeline.operations.redrive import SAMPLE, RedriveResult, redrive
-from poison_pipeline.operations.selection import SelectionError, check_where, selection_filter
+from poison_pipeline.operations.selection import SelectionError, selection_filter
 from poison_pipeline.storage.tables import QueueTables
 
 if TYPE_CHECKING:
@@ -161,11 +161,10 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
         root = root_run_id(context.op_execution_context)
         selection = config.selection(failed_after=start, failed_before=end)
         sources = _sources(declaration, queue, config)
-        # Every source is checked before anything is written, so a bad `where` or filter changes
+        # Every source is checked before anything is written (`where` parsed too), so a bad filter changes
         # nothing; a dry run, or a rate shared by the tables that have something to move, plans each.
         for source in sources:
             selection_filter(selection, source)
-            check_where(tables, source, selection.where)
         rate = config.rate
         if config.dry_run or rate is not None:
             previews = [redrive(declaration, queue, s, selection, dry_run=True, limit=config.limit,

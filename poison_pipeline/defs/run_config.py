@@ -23,7 +23,8 @@ class SelectionConfig(Config):
     message_type: str | None = None
     conversation: str | None = Field(default=None, description="A conversation id.")
     ids: list[str] | None = Field(default=None, description="Only these message ids.")
-    where: str | None = Field(default=None, description="A SQL predicate over the table's columns.")
+    where: str | None = Field(default=None, description="A predicate over the table's columns, as `--where` "
+                              "takes it: comparisons, IN, LIKE, IS NULL, BETWEEN, AND/OR/NOT; never SQL text.")
 
     @field_validator("group", "error_type", "message_type", "conversation", "where")
     @classmethod

@@ -8,7 +8,8 @@ import re
 from datetime import UTC, datetime, timedelta
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+# A number with no unit is seconds, as in a YAML number or on a command line ("90", "0").
+_SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _ISO = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
 
 
@@ -27,7 +28,7 @@ def parse_duration(value: object) -> timedelta:
     if isinstance(value, str):
         short = _SHORT.fullmatch(value)
         if short:
-            return _bounded(_seconds(float(short.group(1)) * _UNITS[short.group(2)], value), value)
+            return _bounded(_seconds(float(short.group(1)) * _UNITS[short.group(2) or "s"], value), value)
         iso = _ISO.fullmatch(value.strip())
         if iso and any(iso.groups()):
             days, hours, minutes, seconds = (float(g) if g else 0.0 for g in iso.groups())

@@ -14,11 +14,18 @@ The vacuum retention never breaks what reads old versions:
 - an undo: it reads the versions a redrive, edit or purge recorded (Delta time travel); every
   version recorded by such an action not undone is kept (vacuum's `keep_versions`), however old;
 - dedup reads only the current files of the ledgers, which a vacuum never deletes.
+
+The retention has a floor, the queue's `lease.expiry`: a holder reads its tables' files for as long
+as its lease is not expired, so a shorter retention is refused (RetentionTooShort) before anything
+is done. delta-rs vacuums in whole hours: the retention is rounded up to the next whole hour, never
+down, so a vacuum never deletes a file removed less than an hour ago (`--retention 30m` keeps an
+hour; a lease expiry of 90m, two).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -37,6 +44,15 @@ DEFAULT_RETENTION = timedelta(days=7)
 _UNDOABLE = ("redrive", "edit", "purge")
 
 
+class RetentionTooShort(ValueError):
+    """A vacuum retention below the floor (the queue's lease expiry); nothing was done."""
+
+
+def retention_hours(retention: timedelta) -> int:
+    """The whole hours delta-rs vacuums with: the retention rounded up, at least one."""
+    return max(1, math.ceil(retention.total_seconds() / 3600))
+
+
 @dataclass(frozen=True)
 class TableMaintenance:
     table: str
@@ -51,23 +67,32 @@ class TableMaintenance:
 @dataclass(frozen=True)
 class Maintained:
     queue: str
-    retention_hours: float | None  # None: not vacuumed
+    retention_hours: int | None  # what the vacuum kept, in whole hours; None: not vacuumed
     tables: tuple[TableMaintenance, ...]
 
 
 def maintain(declaration: Declaration, queue: str, *, vacuum: bool = True,
              retention: timedelta = DEFAULT_RETENTION, run_id: str = "manual") -> Maintained:
-    """Compact, checkpoint and (unless `vacuum` is false) vacuum every existing table of `queue`."""
-    if retention < timedelta(0):
-        raise ValueError(f"retention: {retention} must not be negative")
+    """Compact, checkpoint and (unless `vacuum` is false) vacuum every existing table of `queue`.
+    Raises RetentionTooShort, before anything is done, for a retention below the lease expiry."""
     tables = QueueTables.of(declaration, queue)
+    floor = tables.lease_settings.expiry
+    if vacuum and retention < floor:
+        raise RetentionTooShort(
+            f"retention {_shown(retention)} is shorter than the queue's lease expiry ({_shown(floor)}): a "
+            f"holder may still read files removed that recently; give at least {_shown(floor)} (the vacuum "
+            "rounds up to whole hours anyway)")
     done: list[TableMaintenance] = []
     with queue_writer(tables, "maintenance", run_id) as writer:
         keep = _undo_versions(tables)
         for table in (*tables.all_tables, INTAKE):
             if tables.exists(table):
                 done.append(_maintain_table(writer, table, retention if vacuum else None, keep.get(table, [])))
-    return Maintained(queue, retention.total_seconds() / 3600 if vacuum else None, tuple(done))
+    return Maintained(queue, retention_hours(retention) if vacuum else None, tuple(done))
+
+
+def _shown(duration: timedelta) -> str:
+    return f"{duration.total_seconds():g}s"
 
 
 def _undo_versions(tables: QueueTables) -> dict[str, list[int]]:
@@ -108,7 +133,7 @@ def _maintain_table(writer: QueueWriter, table: str, retention: timedelta | None
     vacuumed = 0
     if retention is not None:
         writer.check()
-        vacuumed = len(target.vacuum(retention_hours=int(retention.total_seconds() // 3600), dry_run=False,
+        vacuumed = len(target.vacuum(retention_hours=retention_hours(retention), dry_run=False,
                                      enforce_retention_duration=False, keep_versions=keep_versions))
     target = DeltaTable(tables.uri(table), storage_options=tables.storage_options)
     return TableMaintenance(table, files_before, len(target.file_uris()), version_before, target.version(),

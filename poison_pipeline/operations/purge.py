@@ -54,7 +54,6 @@ from poison_pipeline.operations.selection import (
     Selection,
     SelectionError,
     check_table,
-    check_where,
     selected,
     selection_filter,
 )
@@ -127,11 +126,12 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
     age = _age(older_than)
     now = now or datetime.now(UTC)
     bounded, cutoff = _bounded(selection or Selection(), now - age)
-    selection_filter(bounded, table)  # an empty time range or other bad filter fails here, before the lease
+    # An empty time range, a `--where` that is no predicate or another bad filter fails here: before
+    # any table is created or the lease taken.
+    selection_filter(bounded, table)
     arguments = {"queue": queue, "table": table, "older_than_seconds": age.total_seconds(),
                  "cutoff": cutoff.isoformat(), "selection": (selection or Selection()).arguments()}
     tables = QueueTables.of(declaration, queue)
-    check_where(tables, table, bounded.where)  # before any table is created or the lease taken
     actor = actor or default_actor()
     if dry_run:
         rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id or "dry-run", now)

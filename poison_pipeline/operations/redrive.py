@@ -37,7 +37,7 @@ from poison_pipeline.domain.routing import INBOUND, PROCESSED
 from poison_pipeline.operations.actions import DONE, begin_action, default_actor, find_action, finish_action
 from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.render import breakdown, when
-from poison_pipeline.operations.selection import Selection, SelectionError, check_table, selected
+from poison_pipeline.operations.selection import Selection, SelectionError, check_table, selected, selection_filter
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.intake import ensure_intake, record_intake
 from poison_pipeline.storage.journal import read_plan, remove_tree, write_plan
@@ -138,6 +138,9 @@ def _checked(declaration: Declaration, request: RedriveRequest) -> RedriveReques
         check_table(request.source)
     except SelectionError as error:
         raise RedriveError(f"--from {error}") from None
+    # A bad filter (an empty time range, a `--where` that is no predicate) changes nothing: not even
+    # the tables a first redrive creates, nor the lease.
+    selection_filter(request.selection, request.source)
     if request.rate is not None and not (request.rate > 0 and math.isfinite(request.rate)):
         raise RedriveError(f"--rate {request.rate!r}: give a positive number of messages per second")
     if request.limit is not None and request.limit < 1:

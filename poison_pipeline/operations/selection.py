@@ -1,7 +1,7 @@
 """Which failed messages an operator command takes from poison, dead_letter or quarantine: by
-failure group, error type, message type, conversation, failure time, a list of ids or a SQL
-predicate. Read with delta-rs and pyarrow only (its SQL engine for `--where`), so a small redrive
-or purge starts no JVM."""
+failure group, error type, message type, conversation, failure time, a list of ids or a predicate
+over the table's columns (`--where`, parsed by domain/predicates.py, never SQL text). Read with
+delta-rs and pyarrow only, so a small redrive or purge starts no JVM."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from deltalake import DeltaTable, QueryBuilder
-from deltalake.exceptions import DeltaError
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.predicates import PredicateError
 from poison_pipeline.domain.routing import FAILED_AT, FAILURE_TABLES
 from poison_pipeline.operations.groups import UnknownGroup, group_filter
+from poison_pipeline.operations.where import where_filter
 from poison_pipeline.storage.tables import QueueTables, schema_of
 
 
@@ -49,7 +49,7 @@ def check_table(table: str) -> None:
 
 
 def selection_filter(selection: Selection, table: str) -> pads.Expression | None:
-    """The row filter of every selection but `group` and `where` (they read the table: `selected`)."""
+    """The row filter of every selection but `group` (it reads the table: `selected`)."""
     check_table(table)
     if selection.failed_after and selection.failed_before and selection.failed_after >= selection.failed_before:
         raise SelectionError(f"--failed-after {selection.failed_after.isoformat()} is not before "
@@ -70,6 +70,8 @@ def selection_filter(selection: Selection, table: str) -> pads.Expression | None
         parts.append(failed_at < pa.scalar(selection.failed_before, pa.timestamp("us", tz="UTC")))
     if selection.ids is not None:
         parts.append(pc.field("message_id").isin(list(selection.ids)))
+    if selection.where is not None:
+        parts.append(_where(table, selection.where))
     if not parts:
         return None
     combined = parts[0]
@@ -93,34 +95,22 @@ def selected(declaration: Declaration, queue: str, table: str, selection: Select
         except UnknownGroup as error:
             raise SelectionError(f"--group {error}") from None
         expression = in_group if expression is None else expression & in_group
+    # pyarrow evaluates the filter as it scans, releasing the GIL: the lease renewal keeps running.
     rows = target.to_pyarrow_dataset().to_table(filter=expression) if expression is not None \
         else target.to_pyarrow_table()
-    if selection.where is not None and rows.num_rows:
-        keys = _where_keys(target, table, selection.where)
-        rows = rows.filter(pc.is_in(_keys(rows), value_set=keys))
     return rows.cast(schema).sort_by([(FAILED_AT[table], "ascending"), ("message_id", "ascending")])
 
 
-def _keys(rows: pa.Table) -> pa.Array:
-    # A message is in a table once per stay: its id and batch id name the row.
-    return pc.binary_join_element_wise(rows["message_id"], pc.fill_null(rows["batch_id"], ""), "\x1f")
+def check_where(table: str, where: str | None) -> None:
+    """Raise SelectionError for a `--where` that is not a predicate over `table`'s columns, reading
+    no rows: before anything is written or the lease is taken."""
+    check_table(table)
+    if where is not None:
+        _where(table, where)
 
 
-def check_where(tables: QueueTables, table: str, where: str | None) -> None:
-    """Raise SelectionError for a `--where` that is not a predicate over `table`, reading no rows."""
-    if where is not None and tables.exists(table):
-        _where_keys(tables.open(table), table, where, limit=" LIMIT 0")
-
-
-def _where_keys(target: DeltaTable, table: str, where: str, limit: str = "") -> pa.Array:
-    if ";" in where:
-        raise SelectionError(f"--where {where!r}: one predicate only (no ';')")
+def _where(table: str, where: str) -> pads.Expression:
     try:
-        found = QueryBuilder().register("t", target).execute(
-            f"SELECT message_id, batch_id FROM t WHERE ({where}){limit}").read_all()
-    except DeltaError as error:
-        columns = ", ".join(schema_of(table).names)
-        raise SelectionError(f"--where {where!r} is not a predicate over the columns of {table} "
-                             f"({columns}): {error}") from None
-    result = pa.table(found).cast(pa.schema([("message_id", pa.string()), ("batch_id", pa.string())]))
-    return _keys(result)
+        return where_filter(where, schema_of(table))
+    except PredicateError as error:
+        raise SelectionError(f"--where {where!r} is not a predicate over the columns of {table}: {error}") from None
