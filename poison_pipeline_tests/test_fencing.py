@@ -21,13 +21,15 @@ import yaml
 from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings, load_declaration
+from poison_pipeline.engine import cycle as cycle_module
+from poison_pipeline.engine.commit import SequenceReused
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.intake import accepted_total
 from poison_pipeline.storage.journal import JournalEntry, read_entry, write_entry
-from poison_pipeline.storage.lease import LEASE_TABLE, Lease, LeaseHeld
+from poison_pipeline.storage.lease import LEASE_TABLE, Lease, LeaseGuard, LeaseHeld
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import Fenced, QueueWriter, fence_app, queue_writer
 from poison_pipeline_tests.recording_handlers import read_lines
@@ -249,3 +251,52 @@ def test_a_cycle_paused_in_a_delivery_makes_no_further_attempt_once_resumed(tmp_
     # The paused process delivered m0 and was in m1's attempt; once resumed it attempted nothing more.
     paused_calls = [line["id"] for line in calls if line["pid"] == calls[0]["pid"]]
     assert paused_calls == ["m0", "m1"], json.dumps(calls)
+
+
+# --- deliveries on Spark, and a journal behind the tables --------------------------------------------
+
+
+_GUARD_OF = LeaseGuard.of
+
+
+def _taken_over_guard(lease: Lease) -> LeaseGuard:
+    """The guard of a cycle whose lease another starter has since taken (one epoch on)."""
+    guard = _GUARD_OF(lease)
+    guard.epoch -= 1
+    return guard
+
+
+@pytest.mark.parametrize("max_messages", [0, 1000], ids=["spark tasks", "small cycle worker"])
+def test_a_delivery_whose_lease_was_taken_over_attempts_nothing_and_commits_nothing(
+        spark: Any, make_declaration: Callable[..., Declaration], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        max_messages: int) -> None:
+    declaration = make_declaration({"q": {"handler": "poison_pipeline_tests.pausing_cycle:paused_handler"}},
+                                   small_cycles={"max_messages": max_messages})
+    log = tmp_path / "deliveries.jsonl"
+    enqueue(declaration, "q", [{"message_id": f"m{i}", "message_type": "t", "body": _body(log)} for i in range(4)])
+    tables = QueueTables.of(declaration, "q")
+    before = {t: tables.open(t).version() for t in ("inbound", "processed", "attempts")}
+    monkeypatch.setattr(cycle_module.LeaseGuard, "of", _taken_over_guard)
+    with pytest.raises(Exception, match="taken over"):
+        run_cycle(spark, declaration, "q", "inbound")
+    assert read_lines(log) == []  # checked before the first attempt
+    assert {t: tables.open(t).version() for t in before} == before
+    monkeypatch.undo()
+    run_cycle(spark, declaration, "q", "inbound")
+    _settled(declaration, {f"m{i}" for i in range(4)})
+
+
+def test_a_new_cycle_whose_sequence_is_already_committed_stops_and_moves_nothing(
+        make_declaration: Callable[..., Declaration], tmp_path: Path) -> None:
+    declaration = make_declaration({"q": {"handler": "poison_pipeline_tests.pausing_cycle:paused_handler"}})
+    log = tmp_path / "deliveries.jsonl"
+    enqueue(declaration, "q", [{"message_id": "m0", "message_type": "t", "body": _body(log)}])
+    run_cycle(_no_spark, declaration, "q", "inbound")
+    enqueue(declaration, "q", [{"message_id": "m1", "message_type": "t", "body": _body(log)}])
+    tables = QueueTables.of(declaration, "q")
+    # The journal rolled back to before cycle 1 (what a holder paused past its lease once could do).
+    with queue_writer(tables, "rollback") as writer:
+        write_entry(writer, JournalEntry(0, "done", "inbound", "old", "2026-01-01T00:00:00+00:00"))
+    with pytest.raises(SequenceReused, match="already has a commit of the inbound cycle 1"):
+        run_cycle(_no_spark, declaration, "q", "inbound")
+    assert places(declaration) == {"m0": ["processed:processed"], "m1": ["inbound"]}
