@@ -7,8 +7,8 @@ order; STEP N prints the Nth commit point and kills the process right after it.
 
 A commit point is anything a run killed right after leaves durable: a Delta commit to any table of
 the lake (seen on disk, as a new `_delta_log` entry, whenever a call into delta-rs returns, so a
-commit made through any Python path is caught) and an operator plan written by
-`storage/journal.write_plan`. The queue's `_lease` table is left out: its commits hold the lease,
+commit made through any Python path is caught; an operator plan is a commit to the queue's `plans`
+table). The queue's `_lease` table is left out: its commits hold the lease,
 not the command's work (a killed holder's lease simply expires), and its renewals come from a
 thread of their own at times of their own. A Delta commit found only by the final look, after the
 command returned, was made where no kill could be placed: it is listed as `unseen`, and the tests
@@ -37,7 +37,6 @@ from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import undo
-from poison_pipeline.storage import journal
 from poison_pipeline.storage.tables import ACTIONS
 
 LEASE = "_lease"
@@ -76,7 +75,6 @@ class CommitWatch:
         self.on_commit = on_commit
         self.points: list[str] = []
         self._versions = self._logs()
-        self._writers = {journal.write_plan.__code__}
 
     def _logs(self) -> dict[Path, set[str]]:
         found: dict[Path, set[str]] = {}
@@ -102,8 +100,6 @@ class CommitWatch:
         if event == "c_return" and _from_delta_rs(arg):
             for label in self._new_commits():
                 self._seen(label)
-        elif event == "return" and frame.f_code in self._writers:
-            self._seen(f"plan {Path(frame.f_locals['uri']).relative_to(self.root)}")
 
     def __enter__(self) -> CommitWatch:
         sys.setprofile(self._profile)

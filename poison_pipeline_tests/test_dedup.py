@@ -17,7 +17,7 @@ from poison_pipeline.domain.routing import PROCESSED
 from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.engine import dedup as dedup_module
 from poison_pipeline.engine.cycle import run_cycle
-from poison_pipeline.engine.dedup import id_hash
+from poison_pipeline.engine.id_hashes import id_hash
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.recording_handlers import read_lines

@@ -66,7 +66,7 @@ def test_an_edited_body_is_processed_and_the_original_stays_readable(spark, lake
     assert [e.original_body for e in seen.edits] == [original]
     # The same edit again changes nothing.
     before = table_versions(declaration)
-    assert edit(declaration, "bad-0", fixed(log), {"fixed-by": "alice"}).already_done
+    assert edit(declaration, "bad-0", fixed(log), {"fixed-by": "alice"}, edit_id=result.edit_id).already_done
     assert table_versions(declaration) == before
 
 
@@ -113,18 +113,18 @@ def test_killed_at_each_step_and_run_again_it_completes_once(lake, monkeypatch, 
 
     monkeypatch.setattr(owner, name, die)
     with pytest.raises(Crash):
-        edit(declaration, "bad-0", fixed(log))
+        edit(declaration, "bad-0", fixed(log), edit_id="e1")
     monkeypatch.setattr(owner, name, original)
     if step != "begin":
         tables = QueueTables.of(declaration, "q")
-        assert find_action(tables, edit_module._default_id("bad-0", None, fixed(log), {})).state == PLANNED
-    result = edit(declaration, "bad-0", fixed(log))
+        assert find_action(tables, "e1").state == PLANNED
+    result = edit(declaration, "bad-0", fixed(log), edit_id="e1")
     assert not result.already_done
     assert places(declaration) == {"bad-0": ["inbound"], "bad-1": ["poison"]}
     (waiting,) = rows(declaration, "inbound")
     assert waiting["body"] == fixed(log)
     assert [r["new_body"] for r in edits_of(declaration, "bad-0")] == [fixed(log)]
-    assert edit(declaration, "bad-0", fixed(log)).already_done
+    assert edit(declaration, "bad-0", fixed(log), edit_id="e1").already_done
 
 
 def test_the_cli_edits_with_json_and_refuses_bad_input(lake, tmp_path, capsys):

@@ -152,10 +152,13 @@ def test_redrive_to_another_queue(lake):
 def test_the_same_redrive_twice_moves_nothing_the_second_time(lake):
     declaration, _ = lake
     selection = Selection(message_type="withdrawal")
-    assert redrive(declaration, "q", "poison", selection).moved == 3
+    assert redrive(declaration, "q", "poison", selection, redrive_id="r1").moved == 3
     before = table_versions(declaration)
-    again = redrive(declaration, "q", "poison", selection)
+    again = redrive(declaration, "q", "poison", selection, redrive_id="r1")
     assert again.already_done and again.moved == 0
+    # Without an id it is a new redrive, which finds nothing left to move.
+    fresh = redrive(declaration, "q", "poison", selection)
+    assert (fresh.redrive_id != "r1", fresh.already_done, fresh.moved) == (True, False, 0)
     assert table_versions(declaration) == before
 
 
@@ -178,17 +181,16 @@ def test_killed_at_each_step_and_run_again_it_completes_without_moving_anything_
     monkeypatch.setattr(owner, name, die)
     selection = Selection(message_type="withdrawal")
     with pytest.raises(Crash):
-        redrive(declaration, "q", "poison", selection, rate=0.05)  # three chunks: three appends
+        redrive(declaration, "q", "poison", selection, rate=0.05, redrive_id="r1")  # three chunks: three appends
     monkeypatch.setattr(owner, name, original)
     tables = QueueTables.of(declaration, "q")
-    assert find_action(tables, redrive_module.RedriveRequest("q", "poison", "q", selection, 0.05).default_id()
-                       ).state == PLANNED
-    result = redrive(declaration, "q", "poison", selection, rate=0.05)
+    assert find_action(tables, "r1").state == PLANNED
+    result = redrive(declaration, "q", "poison", selection, rate=0.05, redrive_id="r1")
     assert not result.already_done
     where = places(declaration)
     assert {mid: where[mid] for mid in ("db-0", "db-1", "db-2")} == {f"db-{i}": ["inbound"] for i in range(3)}
     assert where["own-1"] == ["poison"]
-    assert redrive(declaration, "q", "poison", selection, rate=0.05).already_done
+    assert redrive(declaration, "q", "poison", selection, rate=0.05, redrive_id="r1").already_done
 
 
 def test_the_cli_redrives_with_json_and_refuses_bad_input(lake, tmp_path, capsys):

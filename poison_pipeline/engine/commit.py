@@ -21,7 +21,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.errors import NO_VALUE, group_id, group_key
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, POISON, PROCESSED, QUARANTINE, STAY, Disposition
 from poison_pipeline.engine.changes import decode_sent
-from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes
+from poison_pipeline.engine.id_hashes import HASH_COLUMN, id_hashes
 from poison_pipeline.engine.staged import dataset as staged_rows
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_commit

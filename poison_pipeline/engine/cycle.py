@@ -22,10 +22,8 @@ from poison_pipeline.broker.conversations import (
 from poison_pipeline.broker.transmission import pending_count, transmit
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.policy import Ordering
-from poison_pipeline.domain.routing import cycle_number
 from poison_pipeline.engine import local
 from poison_pipeline.engine.batch import CycleSpec
-from poison_pipeline.engine.commit import apply_staged, end_failed_conversations
 from poison_pipeline.engine.dedup import (
     SMALL_BATCH,
     Duplicates,
@@ -41,6 +39,7 @@ from poison_pipeline.engine.ordering import (
     mark_blocked,
     sorted_in_conversation_order,
 )
+from poison_pipeline.engine.recovery import finish_staged
 from poison_pipeline.engine.staging import stage_on_spark
 from poison_pipeline.operations.interrupted import Completed, complete_interrupted
 from poison_pipeline.storage import schemas
@@ -70,20 +69,6 @@ class CycleReport:
     cleanup_failures: list[UnfinishedCleanup] = field(default_factory=list)
     # Operator actions a kill left half done, completed before this cycle selected anything.
     interrupted: Completed = field(default_factory=Completed)
-
-
-def _finish(declaration: Declaration, writer: QueueWriter, entry: JournalEntry, cycle: int,
-            fresh: bool) -> dict[str, float]:
-    """Commit a staged cycle; `fresh` when this run staged it (not a recovery of an earlier run's)."""
-    contracts = {name: queue.contract for name, queue in declaration.queues.items()}
-    counts = apply_staged(writer, entry, cycle, contracts, fresh=fresh)
-    # Before the cycle is marked done, so a crash here ends them on the re-run (ending is repeatable).
-    if counts.get("ended"):
-        counts.update(end_failed_conversations(declaration, writer.tables, entry))
-    entry.state, entry.summary = "done", counts
-    write_entry(writer, entry)
-    remove_tree(entry.staging)
-    return counts
 
 
 def _worker_died(error: Exception) -> bool:
@@ -180,14 +165,13 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
     queue = tables.queue
     queue_decl = declaration.queue(queue)
     report = CycleReport(queue, table)
-    cycle = cycle_number(table, queue_decl.policy)
     previous = read_entry(tables, table)
     seq = 1
     if previous is not None:
         seq = previous.seq if previous.state == "planned" else previous.seq + 1
         if previous.state == "staged":
             writer.check()
-            report.recovered = _finish(declaration, writer, previous, cycle, fresh=False)
+            report.recovered = finish_staged(declaration, writer, previous, fresh=False)
         elif previous.state == "planned":
             remove_tree(previous.staging)  # a compute that died: nothing of it was committed
     writer.check()
@@ -266,7 +250,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
     entry.state = "staged"
     write_entry(writer, entry)
     report.seq = seq
-    report.counts = _finish(declaration, writer, entry, cycle, fresh=True)
+    report.counts = finish_staged(declaration, writer, entry, fresh=True)
     if pending_count(tables):
         # What this cycle's handlers sent is offered to its targets in the same run.
         writer.check()

@@ -19,34 +19,21 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import xxhash
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from poison_pipeline.domain.routing import PROCESSED, Disposition
 from poison_pipeline.engine.batch import DUPLICATE_COLUMN
+from poison_pipeline.engine.id_hashes import HASH_COLUMN, id_hashes
 from poison_pipeline.storage.files import files_dataset, log_names
 from poison_pipeline.storage.tables import QueueTables
 
-HASH_COLUMN = "id_hash"
-# Spark's xxhash64 seed: the driver's hashes must equal those Spark writes.
-_SEED = 42
 # Up to this many due messages a batch is probed on the driver: its ids fit there at no cost,
 # and no Spark job is spent on it. Above, the probe runs in Spark.
 SMALL_BATCH = 50_000
 # A duplicate set up to this size is broadcast to the batch's tasks; a bigger one is shuffled.
 _BROADCAST_ROWS = 100_000
 _PROCESSED = Disposition.PROCESSED.value
-
-
-def id_hash(message_id: str) -> int:
-    """Spark's `xxhash64(message_id)`: XXH64 of the UTF-8 bytes, seed 42, as a signed int64."""
-    value = xxhash.xxh64_intdigest(message_id.encode(), _SEED)
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def id_hashes(ids: Iterable[str | None]) -> pa.Array:
-    return pa.array([None if i is None else id_hash(i) for i in ids], pa.int64())
 
 
 # What dedup reads of the ledger.

@@ -28,7 +28,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.engine import staged
 from poison_pipeline.engine.batch import CycleSpec, Processor
-from poison_pipeline.engine.dedup import HASH_COLUMN
+from poison_pipeline.engine.id_hashes import HASH_COLUMN
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import remove_tree
 from poison_pipeline.storage.uri import fs_of

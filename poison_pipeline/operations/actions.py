@@ -3,6 +3,13 @@ state and counts, and the Delta versions of every table it touched before and af
 
 An action is recorded `planned` before it changes anything and `done` after, so a killed action
 shows as planned and running it again with the same id completes it; `undo` marks it `undone`.
+An action id names one action: a default id is new at every invocation (never derived from the
+arguments, which repeat), and an id one queue's ledger holds is refused to an action of another.
+
+Every operator command that moves messages holds its queue's writer through `operator_writer`,
+which first finishes the queue's cycles a kill left staged (engine/recovery.py): a message such a
+cycle took is still in its waiting table, and moving it before the cycle's commits land would leave
+it in two places.
 """
 
 from __future__ import annotations
@@ -10,7 +17,8 @@ from __future__ import annotations
 import getpass
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,10 +29,11 @@ from rich import box
 from rich.table import Table
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.engine.recovery import finish_interrupted_cycles
 from poison_pipeline.operations.render import render, when
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
-from poison_pipeline.storage.writer import QueueWriter
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 PLANNED, DONE, UNDONE = "planned", "done", "undone"
 
@@ -53,8 +62,27 @@ def default_actor() -> str:
         return "unknown"
 
 
-def new_action_id(kind: str) -> str:
-    return f"{kind}-{uuid.uuid4().hex[:12]}"
+def new_action_id(kind: str, now: datetime | None = None) -> str:
+    """A new id, unlike any other: a rerun of the same command with the same arguments is a new action."""
+    return f"{kind}-{(now or datetime.now(UTC)):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+
+
+def queue_recording(declaration: Declaration, action_id: str, other_than: str) -> str | None:
+    """The queue, other than `other_than`, whose actions ledger records `action_id`, if any."""
+    for name in declaration.queues:
+        if name != other_than and find_action(QueueTables.of(declaration, name), action_id) is not None:
+            return name
+    return None
+
+
+@contextmanager
+def operator_writer(declaration: Declaration, tables: QueueTables, purpose: str,
+                    run_id: str = "manual") -> Iterator[QueueWriter]:
+    """The queue's writer for an operator command that moves messages, once the cycles a kill left
+    staged are finished (their commits land before the command reads where a message is)."""
+    with queue_writer(tables, purpose, run_id) as writer:
+        finish_interrupted_cycles(declaration, writer)
+        yield writer
 
 
 def _table_key(tables: QueueTables, table: str) -> str:

@@ -12,16 +12,17 @@ under the queue's lease:
    resumable as any redrive's;
 4. the edit is recorded `done`.
 
-An edit has an id (given, or derived from the message id, the queue, the new body and headers): killed
-at any step and run again with the same arguments, it completes without writing anything twice; run
-again after it completed, it changes nothing. The original body stays in `edits`, readable through
+An edit has an id: given (`--id`), or new at every invocation, so the same edit run twice is two
+edits (the second finds the message sent back already and refuses). Killed at any step and run
+again with its id, it completes without writing anything twice, and its redrive sends the message
+only if it is still where the edit found it; run again after it completed, it changes nothing. An
+id another queue's actions ledger records is refused. The original body stays in `edits`, readable through
 `inspect` and `history`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,12 +34,21 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
 from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import INBOUND
-from poison_pipeline.operations.actions import DONE, begin_action, default_actor, find_action, finish_action
+from poison_pipeline.operations.actions import (
+    DONE,
+    begin_action,
+    default_actor,
+    find_action,
+    finish_action,
+    new_action_id,
+    operator_writer,
+    queue_recording,
+)
 from poison_pipeline.operations.redrive import Replacement, redrive
 from poison_pipeline.operations.selection import FAILURE_TABLES, Selection
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import EDITS, QueueTables
-from poison_pipeline.storage.writer import QueueWriter, queue_writer
+from poison_pipeline.storage.writer import QueueWriter
 
 
 class EditError(ValueError):
@@ -66,12 +76,6 @@ class EditResult:
     moved: int = 0
     already_done: bool = False  # this edit id completed before: nothing changed now
     action_id: str | None = None
-
-
-def _default_id(message_id: str, queue: str | None, body: bytes, headers: dict[str, str]) -> str:
-    key = {"message_id": message_id, "queue": queue, "body_sha256": hashlib.sha256(body).hexdigest(),
-           "headers": sorted(headers.items())}
-    return "edit-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _check_headers(headers: dict[str, str]) -> None:
@@ -111,7 +115,12 @@ def edit(declaration: Declaration, message_id: str, body: bytes, headers: dict[s
         raise EditError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
     if source is not None and source not in FAILURE_TABLES:
         raise EditError(f"--from {source!r}: choose poison, dead_letter or quarantine")
-    edit_id = operator_id(edit_id, EditError) or _default_id(message_id, queue, body, given)
+    given_id = operator_id(edit_id, EditError)
+    if given_id is not None and queue is not None and \
+            (owner := queue_recording(declaration, given_id, queue)) is not None:
+        raise EditError(f"--id {given_id!r} is already used by an action of queue {owner!r}: an id names one "
+                        "action of one queue; give another id. Nothing was changed.")
+    edit_id = given_id or new_action_id("edit", now)
     actor = actor or default_actor()
     copies = _failed_copies(declaration, message_id, queue, source)
     recorded = _recorded_edit(declaration, edit_id, queue)
@@ -191,7 +200,7 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
     tables.ensure()
     redrive_id = f"{edit_id}-redrive"
     touched = [(tables, EDITS), (tables, source), (tables, INBOUND)]
-    with queue_writer(tables, "edit", run_id) as writer:
+    with operator_writer(declaration, tables, "edit", run_id) as writer:
         action = find_action(tables, edit_id)
         if action is not None and action.state == DONE:  # another run completed it meanwhile
             return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now)

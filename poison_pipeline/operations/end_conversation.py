@@ -10,9 +10,8 @@ from datetime import datetime
 from poison_pipeline.broker.conversations import EndResult, check_end_request, conversation_queues, end_conversation
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER
-from poison_pipeline.operations.actions import Action, begin_action, finish_action
+from poison_pipeline.operations.actions import Action, begin_action, finish_action, operator_writer
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
-from poison_pipeline.storage.writer import queue_writer
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ def end_conversation_by_operator(declaration: Declaration, queue: str, conversat
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
     touched = [(tables, t) for t in (*tables.waiting, DEAD_LETTER, CONVERSATIONS, EVENTS, NOTIFICATIONS)]
-    with queue_writer(tables, "end-conversation", run_id) as writer:
+    with operator_writer(declaration, tables, "end-conversation", run_id) as writer:
         action = begin_action(writer, "end_conversation", actor, {
             "conversation_id": conversation_id, "code": code, "description": description}, touched, run_id=run_id)
         result = end_conversation(declaration, queue, conversation_id, code, description, actor, now)

@@ -6,6 +6,9 @@ dead_letter. A cycle that took such a message first would handle a copy the acti
 so every cycle first completes what its queue's ledger shows `planned` (SPEC section 8: an action
 run again with its id completes; here the queue runs it again without waiting for the operator).
 An action killed before it moved anything (no plan written yet) is left for its operator to rerun.
+A completion moves only the messages still where the action's plan found them (each command's own
+resume path checks it) and counts the others as moved since; one that refuses to go on (a redrive
+whose committed chunk is nowhere in its target) is left, with its error, and the cycle goes on.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from dataclasses import dataclass, field
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations import purge as purging
 from poison_pipeline.operations.actions import PLANNED, Action, find_action, planned_actions
-from poison_pipeline.operations.edit import edit, edit_row
-from poison_pipeline.operations.redrive import planned_rows, redrive
-from poison_pipeline.operations.undo import find_recorded, undo
+from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edit_row
+from poison_pipeline.operations.purge import PurgeError
+from poison_pipeline.operations.redrive import RedriveError, planned_rows, redrive
+from poison_pipeline.operations.undo import UndoError, find_recorded, undo
 from poison_pipeline.storage.writer import QueueWriter
 
 # Redrives before edits (an edit completes through its own redrive) and undos last.
@@ -37,7 +41,10 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
     tables = writer.tables
     outcome = Completed()
     for action in sorted(planned_actions(tables, _ORDER), key=lambda a: _ORDER.index(a.kind)):
-        why = _complete(declaration, writer, action, run_id)
+        try:
+            why = _complete(declaration, writer, action, run_id)
+        except (RedriveError, PurgeError, UndoError, EditError, EditNotFound) as error:
+            why = str(error)
         if why is None:
             outcome.completed.append(action.action_id)
         else:

@@ -9,46 +9,56 @@ group, when it was purged and by which action), so the conservation line counts 
 outcome of its own, and the actions ledger records the Delta versions before and after, within
 whose time travel an undo could still bring the rows back.
 
-A purge has an id (given, or a new one). It runs under the queue's lease:
+A purge has an id (given, or new at every invocation; an id another queue's ledger records is
+refused). It runs under the queue's lease, once the queue's cycles a kill left staged are finished:
 
 1. recorded `planned` in the actions ledger;
-2. its plan (the ledger rows of what it deletes) written once to the lake (`_work/purge/<id>/`);
+2. its plan (the ledger rows of what it deletes, and the version of the table it read them from)
+   committed to the queue's `plans` table (storage/plans.py);
 3. the ledger rows appended to `purged` under the app transaction (purge id, 1): a replay writes
    nothing;
-4. the rows removed from the table (a replay finds nothing left to remove);
-5. recorded `done` with its counts; the plan is deleted.
+4. the rows removed from the table, in a commit that carries the app transaction (purge id, removed);
+5. recorded `done` with its counts; the plan is removed.
 
-A purge killed at any point is completed by the next purge of the queue (whatever it asks), or by
-running it again with its id; nothing is deleted twice or counted twice.
+A purge killed at any point is completed by the next purge of the queue (whatever it asks), by a
+cycle of the queue, or by running it again with its id; nothing is deleted twice or counted twice.
+A completion deletes only the messages still where the plan found them (the table, the same batch):
+one that left since (redriven, or taken by a cycle) is not deleted, its row leaves the `purged`
+ledger if step 3 had written it, and it is counted `skipped_moved_since`.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import pyarrow.fs as pafs
+from deltalake import Transaction
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_duration
 from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import FAILED_AT
 from poison_pipeline.operations.actions import (
-    DONE,
+    PLANNED,
     Action,
     begin_action,
     default_actor,
     find_action,
     finish_action,
+    new_action_id,
+    operator_writer,
     planned_actions,
+    queue_recording,
+    table_version,
 )
 from poison_pipeline.operations.groups import group_id, group_key
+from poison_pipeline.operations.redrive import still_in_place
 from poison_pipeline.operations.render import breakdown, when
 from poison_pipeline.operations.selection import (
     Selection,
@@ -58,10 +68,9 @@ from poison_pipeline.operations.selection import (
     selection_filter,
 )
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.journal import read_plan, remove_tree, write_plan
+from poison_pipeline.storage.plans import read_plan, remove_plan, write_plan
 from poison_pipeline.storage.tables import ACTIONS, PURGED, QueueTables
-from poison_pipeline.storage.uri import fs_of
-from poison_pipeline.storage.writer import QueueWriter, queue_writer
+from poison_pipeline.storage.writer import QueueWriter
 
 SAMPLE = 5
 KIND = "purge"
@@ -82,6 +91,8 @@ class PurgeResult:
     cutoff: datetime  # failed before this: now - older_than (or --failed-before, if earlier)
     selected: int = 0  # what the filters took
     purged: int = 0  # deleted for good (would be, for a dry run)
+    # A completion's: planned, but no longer where the plan found them (redriven, taken by a cycle): kept.
+    skipped_moved_since: int = 0
     already_done: bool = False  # this id completed before: nothing deleted now
     resumed: list[str] = field(default_factory=list)  # interrupted purges completed first
     by_group: dict[str, int] = field(default_factory=dict)
@@ -122,7 +133,10 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
         check_table(table)
     except SelectionError as error:
         raise PurgeError(f"--table {error}") from None
-    operator_id(purge_id, PurgeError)
+    if (given := operator_id(purge_id, PurgeError)) is not None and \
+            (owner := queue_recording(declaration, given, queue)) is not None:
+        raise PurgeError(f"--id {given!r} is already used by an action of queue {owner!r}: an id names one action "
+                         "of one queue; give another id. Nothing was changed.")
     age = _age(older_than)
     now = now or datetime.now(UTC)
     bounded, cutoff = _bounded(selection or Selection(), now - age)
@@ -137,13 +151,13 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
         rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id or "dry-run", now)
         return _summary(rows, purge_id or "(dry run)", queue, table, True, age, cutoff, actor)
     tables.ensure()
-    with queue_writer(tables, KIND, run_id) as writer:
+    with operator_writer(declaration, tables, KIND, run_id) as writer:
         resumed = _complete_interrupted(declaration, writer, skip=purge_id)
         if purge_id is not None and (recorded := find_action(tables, purge_id)) is not None:
             result = _resume(declaration, writer, recorded)
             result.resumed = resumed
             return result
-        purge_id = purge_id or f"purge-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+        purge_id = purge_id or new_action_id(KIND, now)
         rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id, now)
         result = _summary(rows, purge_id, queue, table, False, age, cutoff, actor)
         result.resumed = resumed
@@ -151,8 +165,8 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
             return result  # nothing to purge: no table changes, nothing recorded
         action = begin_action(writer, KIND, actor, {**arguments, "id": purge_id}, _touched(tables, table),
                               action_id=purge_id, run_id=run_id, now=now)
-        write_plan(_plan_uri(tables, purge_id), rows)
-        _commit(writer, action, rows)
+        write_plan(writer, KIND, purge_id, rows, {table: table_version(tables, table)})
+        _commit(writer, action, rows, None, fresh=True)
         result.action_id = purge_id
         return result
 
@@ -184,38 +198,47 @@ def _ledger_rows(rows: pa.Table, table: str, purge_id: str, now: datetime) -> pa
     }).cast(schemas.PURGED)
 
 
-def _plan_uri(tables: QueueTables, purge_id: str) -> str:
-    return tables.work_uri(KIND, purge_id, "plan.parquet")
-
-
-def _read_plan(uri: str) -> pa.Table | None:
-    plan = read_plan(uri)
-    return None if plan is None else plan.cast(schemas.PURGED)
-
-
-def _commit(writer: QueueWriter, action: Action, rows: pa.Table) -> Action:
-    """Steps 3 to 5, each safe to repeat."""
+def _commit(writer: QueueWriter, action: Action, rows: pa.Table, version: int | None, fresh: bool) -> pa.Table:
+    """Steps 3 to 5, each safe to repeat, for the planned `rows` (read from the table at `version`);
+    `fresh` when they were read under this lease a moment ago. Returns the ledger rows purged."""
     tables = writer.tables
     table = action.arguments["table"]
-    writer.append(PURGED, rows, app_id=f"poison_pipeline/{action.action_id}", version=1)
-    _remove(writer, table, rows)
-    done = finish_action(writer, action, {"selected": rows.num_rows, "purged": rows.num_rows},
-                         _touched(tables, table))
-    remove_tree(tables.work_uri(KIND, action.action_id))
-    return done
+    ledger_app, removal_app = f"poison_pipeline/{action.action_id}", f"poison_pipeline/{action.action_id}/removed"
+    removed = tables.open(table).transaction_version(removal_app) is not None
+    if fresh:
+        in_place = rows
+    elif removed:  # the removal committed: what it left in the table was never this purge's
+        in_place = rows.slice(0, 0)
+    else:
+        in_place = still_in_place(tables, table, rows, "batch_id", version)
+    of_this = pads.field("action_id") == action.action_id
+    if tables.open(PURGED).transaction_version(ledger_app) is None:
+        writer.append(PURGED, in_place, app_id=ledger_app, version=1)
+        purged = in_place
+    else:
+        purged = tables.open(PURGED).to_pyarrow_dataset().to_table(filter=of_this)
+        if not removed:
+            # Written to the ledger, then taken from the table by another action before this one
+            # removed it: it is where that action put it, not purged.
+            moved = pc.invert(pc.is_in(purged["message_id"], value_set=in_place["message_id"]))
+            stale = purged.filter(moved)
+            if stale.num_rows:
+                writer.replace_batches(PURGED, set(stale["batch_id"].to_pylist()),
+                                       keep=~(of_this & pads.field("message_id").isin(stale["message_id"].to_pylist())))
+            purged = purged.filter(pc.invert(moved))
+    if in_place.num_rows:
+        _remove(writer, table, in_place, Transaction(removal_app, 1))
+    finish_action(writer, action, {"selected": rows.num_rows, "purged": purged.num_rows,
+                                   "skipped_moved_since": rows.num_rows - purged.num_rows}, _touched(tables, table))
+    remove_plan(writer, KIND, action.action_id)
+    return purged
 
 
-def _remove(writer: QueueWriter, table: str, rows: pa.Table) -> None:
-    tables = writer.tables
-    ids = rows["message_id"].to_pylist()
+def _remove(writer: QueueWriter, table: str, rows: pa.Table, mark: Transaction) -> None:
+    """Remove `rows` from `table` in one commit that carries `mark`."""
     batches = sorted(set(rows["batch_id"].to_pylist()), key=lambda b: (b is None, b or ""))
-    within = pads.field("message_id").isin(ids)
-    in_batches = pads.field("batch_id").isin([b for b in batches if b is not None])
-    if None in batches:
-        in_batches = in_batches | pads.field("batch_id").is_null()
-    still = tables.open(table).to_pyarrow_dataset().head(1, columns=["message_id"], filter=within & in_batches)
-    if still.num_rows:  # a replay after the removal finds nothing left and commits nothing
-        writer.replace_batches(table, batches, keep=~within)
+    writer.replace_batches(table, batches, keep=~pads.field("message_id").isin(rows["message_id"].to_pylist()),
+                           also=[mark])
 
 
 def _complete_interrupted(declaration: Declaration, writer: QueueWriter, skip: str | None) -> list[str]:
@@ -227,36 +250,26 @@ def _complete_interrupted(declaration: Declaration, writer: QueueWriter, skip: s
     done = []
     for action in planned:
         if action.action_id != skip:
-            finish_interrupted(declaration, tables, action)
+            finish_interrupted(declaration, writer, action)
             done.append(action.action_id)
-    _sweep_plans(tables, keep={action.action_id for action in planned} - set(done))
     return done
 
 
-def _sweep_plans(tables: QueueTables, keep: set[str]) -> None:
-    """Delete the plans left by purges killed after they were recorded done (nothing reads them)."""
-    fs, path = fs_of(tables.work_uri(KIND))
-    if fs.get_file_info(path).type.name == "NotFound":
-        return
-    for entry in fs.get_file_info(pafs.FileSelector(path)):
-        if entry.base_name not in keep:
-            remove_tree(tables.work_uri(KIND, entry.base_name))
-
-
 def finish_interrupted(declaration: Declaration, writer: QueueWriter, action: Action) -> pa.Table:
-    """Complete purge `action`, left `planned` by a kill; call holding the queue's lease."""
+    """Complete purge `action`, left `planned` by a kill; call holding the queue's lease. Returns
+    the ledger rows of what it purged."""
     tables = writer.tables
-    uri = _plan_uri(tables, action.action_id)
-    rows = _read_plan(uri)
-    if rows is None:  # killed before its plan was written: it deleted nothing; plan it as recorded
+    plan = read_plan(tables, KIND, action.action_id)
+    if plan is None:  # killed before its plan was written: it deleted nothing; plan it as recorded
         args = action.arguments
         bounded = Selection(**{**_selection_of(args["selection"]).__dict__,
                                "failed_before": datetime.fromisoformat(args["cutoff"])})
-        taken = selected(declaration, tables.queue, args["table"], bounded)
-        rows = _ledger_rows(taken, args["table"], action.action_id, action.at)
-        write_plan(uri, rows)
-    _commit(writer, action, rows)
-    return rows
+        rows = _ledger_rows(selected(declaration, tables.queue, args["table"], bounded), args["table"],
+                            action.action_id, action.at)
+        write_plan(writer, KIND, action.action_id, rows, {args["table"]: table_version(tables, args["table"])})
+        return _commit(writer, action, rows, None, fresh=True)
+    rows = plan.rows.cast(schemas.PURGED)
+    return _commit(writer, action, rows, plan.versions.get(action.arguments["table"]), fresh=False)
 
 
 def _selection_of(arguments: dict[str, Any]) -> Selection:
@@ -274,13 +287,16 @@ def _resume(declaration: Declaration, writer: QueueWriter, action: Action) -> Pu
     tables = writer.tables
     args = action.arguments
     age, cutoff = timedelta(seconds=args["older_than_seconds"]), datetime.fromisoformat(args["cutoff"])
-    if action.state == DONE:
-        remove_tree(tables.work_uri(KIND, action.action_id))  # killed after it was recorded done
+    if action.state != PLANNED:
+        remove_plan(writer, KIND, action.action_id)  # killed after it was recorded done
         result = PurgeResult(action.action_id, args["queue"], args["table"], False, age.total_seconds(), cutoff,
                              already_done=True, actor=action.actor, action_id=action.action_id)
         return result
-    rows = finish_interrupted(declaration, tables, action)
+    rows = finish_interrupted(declaration, writer, action)
     result = _summary(rows, action.action_id, args["queue"], args["table"], False, age, cutoff, action.actor)
+    recorded = find_action(tables, action.action_id)
+    result.selected = int(recorded.counts.get("selected", rows.num_rows)) if recorded else rows.num_rows
+    result.skipped_moved_since = result.selected - rows.num_rows
     result.action_id = action.action_id
     return result
 
@@ -315,6 +331,9 @@ def format_purge(result: PurgeResult) -> str:
              f"{_age_text(result.older_than_seconds)} ago (before {when(result.cutoff)}): "
              f"{verb} {result.purged} message(s) for good"
              + (" (dry run: no table changed)" if result.dry_run else "")]
+    if result.skipped_moved_since:
+        lines.append(f"  skipped {result.skipped_moved_since}: no longer where this interrupted purge's plan found "
+                     "them (redriven, or taken by a cycle, since): kept")
     if result.resumed:
         lines.append(f"  completed interrupted purge(s) first: {', '.join(result.resumed)}")
     if result.purged:

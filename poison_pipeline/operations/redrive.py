@@ -1,14 +1,25 @@
 """`redrive`: send failed messages from poison, dead_letter or quarantine back to an inbound queue.
 
-A redrive has an id (given, or derived from its arguments). It runs under the source queue's lease:
+A redrive has an id: given (`--id`), or new at every invocation, so the same command run twice is
+two redrives. An id another queue's actions ledger records is refused (the target's app
+transactions below are namespaced by the source queue as well). It runs under the source queue's
+lease, once the queue's cycles a kill left staged are finished:
 
 1. recorded `planned` in the source queue's actions ledger;
-2. its plan (the rows it takes, with their new counts and due times) written once to the lake, so a
-   run killed at any point and started again with the same id moves exactly the same messages;
+2. its plan (the rows it takes, with their new counts and due times, and the version of the source
+   it read them from) committed to the queue's `plans` table (storage/plans.py), so a run killed at
+   any point and started again with the same id moves at most the same messages;
 3. the rows appended to the target's inbound, one chunk of due times at a time, each chunk under the
-   app transaction (redrive id, chunk number): a replay skips the chunks already committed;
-4. the rows removed from the source (a replay finds nothing left to remove);
-5. recorded `done` with its counts; the plan is deleted. Run again after that, it moves nothing.
+   app transaction (source queue, redrive id, chunk number): a replay skips the chunks committed;
+4. the rows removed from the source, only those whose copies are verifiably in the target (in its
+   inbound under the redrive's batch, or where a cycle of the target took them since): a chunk the
+   target's log shows committed whose messages are nowhere in the target is a loud RedriveError,
+   and those messages stay in the source;
+5. recorded `done` with its counts; the plan is removed. Run again after that, it moves nothing.
+
+A replay (the same id after a kill, or a cycle completing the interrupted redrive) moves only the
+messages still where the plan found them (the source table, the same batch): one that left since (a
+purge, a cycle of the source, another redrive) is not sent, and is counted `skipped_moved_since`.
 
 Redriven messages keep their message id; their per-cycle counts (abort, move) start afresh so the
 whole policy applies again, while the lifetime totals are kept and `redrive_count` goes up by one.
@@ -18,7 +29,6 @@ the replacement is part of the plan, so a replay sends exactly the same bytes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections import Counter
@@ -33,18 +43,29 @@ import pyarrow.dataset as pads
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.paths import operator_id
-from poison_pipeline.domain.routing import INBOUND, PROCESSED
-from poison_pipeline.operations.actions import DONE, begin_action, default_actor, find_action, finish_action
+from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, PROCESSED, QUARANTINE
+from poison_pipeline.operations.actions import (
+    PLANNED,
+    begin_action,
+    default_actor,
+    find_action,
+    finish_action,
+    new_action_id,
+    operator_writer,
+    queue_recording,
+    table_version,
+)
 from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.render import breakdown, when
 from poison_pipeline.operations.selection import Selection, SelectionError, check_table, selected, selection_filter
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.intake import ensure_intake, record_intake
-from poison_pipeline.storage.journal import read_plan, remove_tree, write_plan
-from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline.storage.writer import Committer, LeaseFreeAppender, QueueWriter, queue_writer
+from poison_pipeline.storage.plans import read_plan, remove_plan, write_plan
+from poison_pipeline.storage.tables import PURGED, QueueTables
+from poison_pipeline.storage.writer import Committer, LeaseFreeAppender, QueueWriter
 
 SAMPLE = 5
+KIND = "redrive"
 
 
 class RedriveError(ValueError):
@@ -78,10 +99,6 @@ class RedriveRequest:
             arguments["replaced"] = sorted(mid for mid, _ in self.replace)
         return arguments
 
-    def default_id(self) -> str:
-        digest = hashlib.sha256(json.dumps(self.arguments(), sort_keys=True).encode()).hexdigest()
-        return f"redrive-{digest[:12]}"
-
 
 @dataclass
 class RedriveResult:
@@ -95,6 +112,8 @@ class RedriveResult:
     skipped_processed: int = 0  # already in the target's processed ledger: left where they are
     skipped_loop_guard: int = 0  # redriven max_redrives times already: left where they are
     skipped_limit: int = 0
+    # A replay's: planned, but no longer where the plan found them (purged, taken by a cycle): not sent.
+    skipped_moved_since: int = 0
     already_done: bool = False  # this id completed before: nothing moved now
     by_group: dict[str, int] = field(default_factory=dict)
     by_message_type: dict[str, int] = field(default_factory=dict)
@@ -118,14 +137,18 @@ def redrive(declaration: Declaration, queue: str, source: str, selection: Select
     replacements = tuple(sorted((replace or {}).items()))
     request = _checked(declaration, RedriveRequest(queue, source, to or queue, selection or Selection(),
                                                    rate, limit, force, replacements))
-    redrive_id = operator_id(redrive_id, RedriveError) or request.default_id()
+    given = operator_id(redrive_id, RedriveError)
+    if given is not None and (owner := queue_recording(declaration, given, queue)) is not None:
+        raise RedriveError(f"--id {given!r} is already used by an action of queue {owner!r}: an id names one "
+                           "action of one queue; give another id. Nothing was changed.")
+    redrive_id = given or new_action_id(KIND, now)
     tables = QueueTables.of(declaration, queue)
     if dry_run:
         # Nothing is written, not even the tables a first redrive would create.
         return _summary(_plan(declaration, request, tables, redrive_id, now or datetime.now(UTC)), request,
                         redrive_id, True)
     tables.ensure()
-    with queue_writer(tables, "redrive", run_id) as writer:
+    with operator_writer(declaration, tables, "redrive", run_id) as writer:
         return _run(declaration, request, writer, redrive_id, actor or default_actor(), run_id,
                     now or datetime.now(UTC), progress or (lambda moved, total: None))
 
@@ -236,13 +259,16 @@ def _replaced(rows: pa.Table, replace: dict[str, Replacement]) -> pa.Table:
                            pa.array(headers, rows.schema.field("headers").type))
 
 
-def _plan_uri(tables: QueueTables, redrive_id: str) -> str:
-    return tables.work_uri("redrive", redrive_id, "plan.parquet")
-
-
 def planned_rows(tables: QueueTables, redrive_id: str) -> pa.Table | None:
-    """What redrive `redrive_id` planned to move, while it is not done (None: no plan written)."""
-    return read_plan(_plan_uri(tables, redrive_id))
+    """What redrive `redrive_id` planned to move, while it is not done (None: no plan recorded)."""
+    plan = read_plan(tables, KIND, redrive_id)
+    return None if plan is None else plan.rows
+
+
+def app_id(source_queue: str, redrive_id: str) -> str:
+    """The app transaction of a redrive's appends to its target, namespaced by the source queue: the
+    same id used by two queues redriving into one target never reads as the other's commit."""
+    return f"poison_pipeline/{source_queue}/{redrive_id}"
 
 
 def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter, redrive_id: str, actor: str,
@@ -251,53 +277,123 @@ def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter,
     target = QueueTables.of(declaration, request.to)
     touched = [(tables, request.source), (target, INBOUND)]
     recorded = find_action(tables, redrive_id)
-    if recorded is not None and recorded.state == DONE:
-        remove_tree(tables.work_uri("redrive", redrive_id))  # killed after it was recorded done
+    if recorded is not None and recorded.state != PLANNED:
+        remove_plan(writer, KIND, redrive_id)  # killed after it was recorded done
         return RedriveResult(redrive_id, request.queue, request.source, request.to, False, already_done=True,
                              action_id=redrive_id)
-    uri = _plan_uri(tables, redrive_id)
-    rows = planned_rows(tables, redrive_id) if recorded is not None else None
-    if rows is None:
-        plan = _plan(declaration, request, tables, redrive_id, now)
-        if plan.rows.num_rows == 0 and recorded is None:
-            return _summary(plan, request, redrive_id, False)  # nothing to move: no table changes
-        action = recorded or begin_action(writer, "redrive", actor, {**request.arguments(), "id": redrive_id},
+    plan = read_plan(tables, KIND, redrive_id) if recorded is not None else None
+    if plan is None:
+        fresh = _plan(declaration, request, tables, redrive_id, now)
+        if fresh.rows.num_rows == 0 and recorded is None:
+            return _summary(fresh, request, redrive_id, False)  # nothing to move: no table changes
+        action = recorded or begin_action(writer, KIND, actor, {**request.arguments(), "id": redrive_id},
                                           touched, action_id=redrive_id, run_id=run_id, now=now)
-        rows, counts = plan.rows, _plan_counts(plan)
-        write_plan(uri, rows.append_column("plan_counts", pa.array([json.dumps(counts)] * rows.num_rows)))
+        rows, counts = fresh.rows, _plan_counts(fresh)
+        write_plan(writer, KIND, redrive_id,
+                   rows.append_column("plan_counts", pa.array([json.dumps(counts)] * rows.num_rows)),
+                   {request.source: table_version(tables, request.source)})
+        in_place = rows  # read under the lease a moment ago: nothing moved since
     else:
-        action = recorded
+        action, rows = recorded, plan.rows
         counts = json.loads(rows["plan_counts"][0].as_py()) if rows.num_rows else {}
-    result = _summary_of(rows, counts, request, redrive_id, False)
-    if rows.num_rows:
-        target.ensure()
-        app_id = f"poison_pipeline/{redrive_id}"
-        inbound = rows.select(schemas.MESSAGE.names)
-        chunks = rows["chunk"].to_pylist()
-        moved = 0
-        elsewhere = target.queue != tables.queue
-        # Into another queue's inbound without its lease, as an enqueue; into its own, fenced.
-        into: Committer = LeaseFreeAppender(target) if elsewhere else writer
-        if elsewhere:
-            ensure_intake(into, now)
-            ensure_intake(writer, now)
-        for chunk in sorted(set(chunks)):
-            part = inbound.filter(pc.equal(rows["chunk"], chunk))
-            into.append(INBOUND, part, app_id=app_id, version=chunk + 1)
-            if elsewhere:  # a move between queues: one queue's intake is the other's outflow
-                batch = f"{redrive_id}-{chunk}"
-                record_intake(into, f"redrive from {tables.queue}", batch, part.num_rows, now, app_id, chunk + 1)
-                record_intake(writer, f"redrive to {target.queue}", batch, -part.num_rows, now, app_id, chunk + 1)
-            moved += part.num_rows
-            progress(moved, rows.num_rows)
-        _remove_from_source(writer, request.source, rows)
-    finish_action(writer, action, {**counts, "moved": rows.num_rows}, touched)
-    remove_tree(tables.work_uri("redrive", redrive_id))
+        in_place = still_in_place(tables, request.source, rows, "source_batch_id",
+                                  plan.versions.get(request.source))
+    moved = _send(writer, target, request, redrive_id, in_place, rows, now, progress)
+    skipped = rows.num_rows - moved.num_rows
+    result = _summary_of(moved, counts, request, redrive_id, False)
+    result.skipped_moved_since = skipped
+    finish_action(writer, action, {**counts, "moved": moved.num_rows, "skipped_moved_since": skipped}, touched)
+    remove_plan(writer, KIND, redrive_id)
     result.action_id = action.action_id
     return result
 
 
+def still_in_place(tables: QueueTables, table: str, rows: pa.Table, batch_column: str,
+                   version: int | None) -> pa.Table:
+    """The planned `rows` still where the plan found them: in `table`, in the same batch
+    (`batch_column` of the plan). A table still at the version the plan read is the fast answer."""
+    if rows.num_rows == 0 or (version is not None and table_version(tables, table) == version):
+        return rows
+    now = tables.open(table).to_pyarrow_dataset().to_table(
+        columns=["message_id", "batch_id"],
+        filter=pads.field("message_id").isin(pa.array(sorted(set(rows["message_id"].to_pylist())), pa.string())))
+    there = set(zip(now["message_id"].to_pylist(), now["batch_id"].to_pylist(), strict=True))
+    return rows.filter(pa.array([pair in there for pair in zip(
+        rows["message_id"].to_pylist(), rows[batch_column].to_pylist(), strict=True)], pa.bool_()))
+
+
+def _send(writer: QueueWriter, target: QueueTables, request: RedriveRequest, redrive_id: str,
+          in_place: pa.Table, planned: pa.Table, now: datetime, progress: Callable[[int, int], None]) -> pa.Table:
+    """Append the rows still in place to the target, chunk by chunk, and remove from the source those
+    whose copies are verifiably in the target; returns the planned rows this redrive moved (by this
+    run or by the interrupted one it completes)."""
+    tables = writer.tables
+    if planned.num_rows == 0:
+        return planned
+    target.ensure()
+    app = app_id(tables.queue, redrive_id)
+    elsewhere = target.queue != tables.queue
+    # Into another queue's inbound without its lease, as an enqueue; into its own, fenced.
+    into: Committer = LeaseFreeAppender(target) if elsewhere else writer
+    if elsewhere:
+        ensure_intake(into, now)
+        ensure_intake(writer, now)
+    inbound = in_place.select(schemas.MESSAGE.names)
+    sent = 0
+    for chunk in sorted(set(in_place["chunk"].to_pylist())):
+        part = inbound.filter(pc.equal(in_place["chunk"], chunk))
+        into.append(INBOUND, part, app_id=app, version=chunk + 1)
+        if elsewhere:  # a move between queues: one queue's intake is the other's outflow
+            batch = f"{redrive_id}-{chunk}"
+            record_intake(into, f"redrive from {tables.queue}", batch, part.num_rows, now, app, chunk + 1)
+            record_intake(writer, f"redrive to {target.queue}", batch, -part.num_rows, now, app, chunk + 1)
+        sent += part.num_rows
+        progress(sent, in_place.num_rows)
+    committed = target.open(INBOUND).transaction_version(app) or 0
+    landed = _landed(target, planned, committed, (tables.queue, request.source))
+    verified = in_place.filter(pc.is_in(in_place["message_id"], value_set=landed))
+    _remove_from_source(writer, request.source, verified)
+    unverified = sorted(set(in_place["message_id"].to_pylist()) - set(landed.to_pylist()))
+    if unverified:
+        raise RedriveError(
+            f"redrive {redrive_id}: {target.describe(INBOUND)} records the chunks of {len(unverified)} message(s) "
+            f"as committed (app transaction {app}), yet they are nowhere in queue {target.queue!r}: they are left "
+            f"in {tables.queue}/{request.source} and the redrive stays planned "
+            f"({', '.join(unverified[:10])}{' ...' if len(unverified) > 10 else ''})")
+    return planned.filter(pc.is_in(planned["message_id"], value_set=landed))
+
+
+def _landed(target: QueueTables, planned: pa.Table, committed: int, source: tuple[str, str]) -> pa.Array:
+    """The ids of the planned rows whose chunk the target's log shows appended (`committed`: the
+    app transaction's version) and whose copy is in the target: in its inbound under the chunk's
+    batch, or, for one a cycle took since, in another of its tables or its processed ledger (a
+    copy in the redrive's own source row does not count)."""
+    appended = planned.filter(pc.less_equal(pc.add(planned["chunk"], 1), committed))
+    if appended.num_rows == 0:
+        return pa.array([], pa.string())
+    ids = pa.array(sorted(set(appended["message_id"].to_pylist())), pa.string())
+    planned_at = dict(zip(appended["message_id"].to_pylist(), appended["batch_id"].to_pylist(), strict=True))
+    came_from = dict(zip(appended["message_id"].to_pylist(), appended["source_batch_id"].to_pylist(), strict=True))
+    found: set[str] = set()
+    for table in (*target.waiting, DEAD_LETTER, QUARANTINE):
+        if not target.exists(table):
+            continue
+        rows = target.open(table).to_pyarrow_dataset().to_table(
+            columns=["message_id", "batch_id"], filter=pads.field("message_id").isin(ids))
+        for message_id, batch in zip(rows["message_id"].to_pylist(), rows["batch_id"].to_pylist(), strict=True):
+            if batch == planned_at[message_id] if table == INBOUND else \
+                    (target.queue, table) != source or batch != came_from[message_id]:
+                found.add(message_id)
+    for ledger in (PROCESSED, PURGED):
+        if target.exists(ledger):
+            found |= set(target.open(ledger).to_pyarrow_dataset().to_table(
+                columns=["message_id"], filter=pads.field("message_id").isin(ids))["message_id"].to_pylist())
+    return pa.array(sorted(found), pa.string())
+
+
 def _remove_from_source(writer: QueueWriter, source: str, rows: pa.Table) -> None:
+    if rows.num_rows == 0:
+        return
     tables = writer.tables
     ids = rows["message_id"].to_pylist()
     batches = sorted({b for b in rows["source_batch_id"].to_pylist()}, key=lambda b: (b is None, b or ""))
@@ -343,7 +439,9 @@ def format_redrive(result: RedriveResult) -> str:
     for count, why in ((result.skipped_processed, "already processed by the target (its ledger): left in place"),
                        (result.skipped_loop_guard, "redriven max_redrives times already: left in place "
                                                    "(--force to send them anyway)"),
-                       (result.skipped_limit, "beyond --limit: left in place")):
+                       (result.skipped_limit, "beyond --limit: left in place"),
+                       (result.skipped_moved_since, "no longer where this interrupted redrive's plan found them "
+                                                    "(purged, or taken by a cycle, since): not sent")):
         if count:
             lines.append(f"  skipped {count}: {why}")
     if result.moved and result.first_due != result.last_due:

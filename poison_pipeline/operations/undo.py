@@ -2,18 +2,24 @@
 
 Two ways, as the ledger allows:
 
-- **restore**: when no other commit touched the action's tables since it finished (each is still
-  at the version it left it at) and the files of the versions before it are all still there, every
-  table is restored to the version it had before (Delta RESTORE, itself a commit);
+- **restore**: when no other commit changed the action's tables since it finished (each still holds
+  the files of the version it left it at), every one existed before it, and the files of the
+  versions before it are all still there, every table is restored to the version it had before
+  (Delta RESTORE, itself a commit, carrying the app transaction `poison_pipeline/<undo id>/restore`);
 - **compensate**: otherwise, the messages still where the action put them are moved back, taken
   from the table as it was before the action (Delta time travel), and those that cannot come back
   are named, each with its reason.
 
-The undo is recorded `planned` with the way it chose, moves or restores, is recorded `done`, and
-then the action is marked `undone`. Killed at any point and run again, it goes on the way it chose,
-moves nothing twice (an append back is an app transaction; a row is removed only while it is still
-there) and answers as the uninterrupted undo would: what came back and what cannot are worked out
-from the tables each time, not remembered from the first run.
+The undo runs under the lease of the action's queue (and of the redrive's target), once their cycles
+a kill left staged are finished: such a cycle's commits would otherwise land on messages the undo
+moved. It is recorded `planned` with the way it chose, moves or restores, is recorded `done`, and
+then the action is marked `undone`. Killed at any point and run again, it checks the way it chose
+again: a restore goes on only while every table it has not restored yet is still as the action left
+it (its own restores are known by their app transaction); else it compensates for what remains,
+never restoring one table and compensating the other's half. It moves nothing twice (an append back
+is an app transaction; a row is removed only while it is still there) and answers as the
+uninterrupted undo would: what came back and what cannot are worked out from the tables each time,
+not remembered from the first run.
 
 - a **redrive**: from the target's inbound back to the failure table it came from; those that left
   the inbound since (processed, or failed again) cannot come back;
@@ -36,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Transaction
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
@@ -49,11 +55,11 @@ from poison_pipeline.operations.actions import (
     find_action,
     finish_action,
     mark_undone,
-    table_version,
+    operator_writer,
 )
 from poison_pipeline.storage.intake import record_intake
 from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
-from poison_pipeline.storage.writer import QueueWriter, queue_writer
+from poison_pipeline.storage.writer import QueueWriter
 
 RESTORE, COMPENSATE = "restore", "compensate"
 
@@ -90,28 +96,57 @@ def undo(declaration: Declaration, action_id: str, actor: str | None = None, run
         raise UndoError(f"action {action_id!r} is {action.state}: run it again with its id to complete it "
                         "before undoing it")
     tables = QueueTables.of(declaration, action.queue)
-    with queue_writer(tables, "undo", run_id) as writer:
+    with operator_writer(declaration, tables, "undo", run_id) as writer:
         return _UNDOERS[action.kind](declaration, writer, action, actor or default_actor(), run_id,
                                      now or datetime.now(UTC))
 
 
-def _untouched_since(declaration: Declaration, action: Action) -> bool:
-    for key, versions in action.versions.items():
-        queue, table = key.split("/", 1)
-        if table_version(QueueTables.of(declaration, queue), table) != versions["after"]:
-            return False
-    return True
+def _restore_mark(undo_id: str) -> str:
+    """The app transaction each restore commit of undo `undo_id` carries."""
+    return f"poison_pipeline/{undo_id}/restore"
 
 
-def _way(declaration: Declaration, action: Action) -> str:
-    """Restore when nothing committed since and every version before is still whole (a RESTORE to a
-    version whose files a vacuum deleted fails, or with ignore_missing_files makes a broken table)."""
-    if not _untouched_since(declaration, action):
-        return COMPENSATE
+def _touched(declaration: Declaration, action: Action) -> list[tuple[QueueTables, str, dict[str, int | None]]]:
+    touched = []
     for key, versions in action.versions.items():
         queue, table = key.split("/", 1)
+        touched.append((QueueTables.of(declaration, queue), table, versions))
+    return touched
+
+
+def _restored_by(tables: QueueTables, table: str, undo_id: str) -> bool:
+    return tables.exists(table) and tables.open(table).transaction_version(_restore_mark(undo_id)) is not None
+
+
+def _as_left(tables: QueueTables, table: str, version: int | None) -> bool:
+    """Whether `table` holds exactly the files it held at `version` (commits that changed no file,
+    as a lease's fence, do not count)."""
+    if version is None or not tables.exists(table):
+        return False
+    current = tables.open(table)
+    if current.version() == version:
+        return True
+    try:
+        then = DeltaTable(tables.uri(table), version=version, storage_options=tables.storage_options)
+    except Exception:  # noqa: BLE001 - delta-rs raises several kinds for a version it cannot load
+        return False
+    return set(then.file_uris()) == set(current.file_uris())
+
+
+def _way(declaration: Declaration, action: Action, undo_id: str) -> str:
+    """Restore when every table the action touched existed before it, each not restored yet by this
+    undo is as the action left it, and every version before is still whole (a RESTORE to a version
+    whose files a vacuum deleted fails, or with ignore_missing_files makes a broken table); else
+    compensate. A table that did not exist before the action has no version to restore to."""
+    for tables, table, versions in _touched(declaration, action):
+        if versions["before"] is None:
+            return COMPENSATE
+        if _restored_by(tables, table, undo_id):
+            continue
+        if not _as_left(tables, table, versions["after"]):
+            return COMPENSATE
         try:
-            missing = _as_of_files(QueueTables.of(declaration, queue), table, versions["before"])[1]
+            missing = _as_of_files(tables, table, versions["before"])[1]
         except _LogGone:
             return COMPENSATE
         if missing:
@@ -120,9 +155,13 @@ def _way(declaration: Declaration, action: Action) -> str:
 
 
 def _recorded_way(declaration: Declaration, tables: QueueTables, action: Action) -> tuple[Action | None, str]:
-    """The record of an interrupted run of this undo, if any (the way it chose stands), and the way."""
-    recorded = find_action(tables, f"undo-{action.action_id}")
-    return recorded, recorded.arguments["how"] if recorded else _way(declaration, action)
+    """The record of an interrupted run of this undo, if any, and the way: a compensation goes on as
+    chosen; a restore is checked again (a table it has not restored yet may have moved since)."""
+    undo_id = f"undo-{action.action_id}"
+    recorded = find_action(tables, undo_id)
+    if recorded is not None and recorded.arguments["how"] == COMPENSATE:
+        return recorded, COMPENSATE
+    return recorded, _way(declaration, action, undo_id)
 
 
 def _begin(writer: QueueWriter, action: Action, actor: str, run_id: str, now: datetime, how: str,
@@ -150,13 +189,13 @@ def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action,
     touched = [(tables, source), (target, INBOUND)]
     recorded, how = _recorded_way(declaration, tables, action)
     record = _begin(writer, action, actor, run_id, now, how, touched, recorded)
-    with queue_writer(target, "undo", run_id) as target_writer:
+    with operator_writer(declaration, target, "undo", run_id) as target_writer:
         if how == RESTORE:
             result = _restore({tables.queue: writer, target.queue: target_writer}, action, record.action_id)
         else:
             result = _compensate(writer, source, target_writer, action, record.action_id)
         if target.queue != tables.queue:  # the reverse of the redrive's intake rows
-            app_id = f"poison_pipeline/{record.action_id}"
+            app_id = f"poison_pipeline/{tables.queue}/{record.action_id}"
             record_intake(writer, f"undo from {target.queue}", record.action_id, result.restored, now, app_id, 1)
             record_intake(target_writer, f"undo to {tables.queue}", record.action_id, -result.restored, now, app_id,
                           1)
@@ -165,14 +204,15 @@ def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action,
 
 
 def _restore(writers: dict[str, QueueWriter], action: Action, undo_id: str, counted: str = "moved") -> UndoResult:
-    """Restore every table the action touched to its version before, each by its queue's writer."""
-    for key, versions in action.versions.items():
+    """Restore every table the action touched to its version before, each by its queue's writer,
+    the tables only its queue's holder commits to first (an inbound last: enqueues go on meanwhile),
+    each restore carrying this undo's mark; one a killed run restored already is left as it is."""
+    mark = [Transaction(_restore_mark(undo_id), 1)]
+    for key, versions in sorted(action.versions.items(), key=lambda item: item[0].endswith(f"/{INBOUND}")):
         queue, table = key.split("/", 1)
         writer = writers[queue]
-        current = writer.tables.open(table)
-        # Run again after a crash: a table restored already is at a later version with the old content.
-        if versions["before"] is not None and current.version() == versions["after"]:
-            writer.restore(table, versions["before"], current)
+        if not _restored_by(writer.tables, table, undo_id):
+            writer.restore(table, int(versions["before"] or 0), writer.tables.open(table), also=mark)
     restored = int(action.counts.get(counted, 0))
     return UndoResult(undo_id, action.action_id, action.kind, RESTORE, restored=restored)
 
@@ -202,6 +242,10 @@ def _compensate(writer: QueueWriter, source: str, target_writer: QueueWriter, ac
     ids = sorted(set(moved_then["message_id"].to_pylist()))
     present = _rows_now(tables, source, ids)
     came_back = {m for m, _ in _pairs(present) & _pairs(moved_then)}
+    if _restored_by(target, INBOUND, undo_id):
+        # A killed run of this undo restored the inbound (the redrive's rows left it, none taken by a
+        # cycle: it restored only an inbound as the redrive left it): all of them come back.
+        still = set(ids)
     back = moved_then.filter(pc.and_(
         pc.is_in(moved_then["message_id"], value_set=pa.array(sorted(still), pa.string())),
         pc.invert(pc.is_in(moved_then["message_id"], value_set=present["message_id"]))))
@@ -293,8 +337,13 @@ def _purge_back(tables: QueueTables, source: str, action: Action) -> _PurgeBack:
     is back in the table already, and the others read from the table as it was before the purge
     (time travel), as far as its files are still there. Raises UndoError, naming every message and
     why, when none at all can come back."""
-    ledger = tables.open(PURGED).to_pyarrow_dataset().to_table(
-        columns=["message_id", "batch_id"], filter=pads.field("action_id") == action.action_id)
+    # A killed run of this undo that restored the ledger took the purge's rows out of it: they are
+    # read as the purge left it.
+    version = action.versions[f"{tables.queue}/{PURGED}"]["after"] if _restored_by(
+        tables, PURGED, f"undo-{action.action_id}") else None
+    ledger = _as_of(tables, PURGED, version, pads.field("action_id") == action.action_id,
+                    ["message_id", "batch_id"]) if version is not None else tables.open(PURGED).to_pyarrow_dataset(
+    ).to_table(columns=["message_id", "batch_id"], filter=pads.field("action_id") == action.action_id)
     ids = sorted(set(ledger["message_id"].to_pylist()))
     wanted = _pairs(ledger)
     present = _rows_now(tables, source, ids)
@@ -362,7 +411,7 @@ def _undo_edit(declaration: Declaration, writer: QueueWriter, action: Action, ac
         raise UndoError(f"edit {action.action_id!r}: its redrive {redrive_id!r} is "
                         f"{'not recorded' if linked is None else linked.state}: run the edit again to complete it")
     record = find_action(tables, f"undo-{action.action_id}") or begin_action(
-        tables, "undo", actor, {"action_id": action.action_id, "redrive_id": redrive_id}, touched,
+        writer, "undo", actor, {"action_id": action.action_id, "redrive_id": redrive_id}, touched,
         action_id=f"undo-{action.action_id}", run_id=run_id, now=now)
     # Undone already (by `undo` of the redrive itself, or by this undo before it was killed), the
     # redrive's undo changes nothing more and answers what it did.

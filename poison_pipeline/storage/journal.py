@@ -6,7 +6,7 @@ that finds `staged` finishes those commits instead of processing again, so a cra
 nothing, duplicates nothing, and never counts an attempt twice. Every journal write is a commit of
 the lease holder's fenced writer: a holder paused past its lease cannot roll the journal back.
 
-Also here: the small files some operations keep beside the tables (written whole or not at all).
+Also here: the small files kept beside the tables (written whole or not at all).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
@@ -115,12 +114,6 @@ def remove_tree(uri: str) -> None:
         fs.delete_dir(path)
 
 
-def write_plan(uri: str, rows: pa.Table) -> None:
-    """Write an operator command's plan (the rows it will move or delete) whole or not at all."""
-    with writing("writing an operator command's plan", uri):
-        _replace(uri, lambda fs, temporary: pq.write_table(rows, temporary, filesystem=fs))
-
-
 def _replace(uri: str, write: Callable[[pafs.FileSystem, str], None]) -> None:
     """Write the file at `uri` whole or not at all: `write` fills a temporary file, renamed over it
     (a killed or failed write leaves no half file)."""
@@ -128,10 +121,3 @@ def _replace(uri: str, write: Callable[[pafs.FileSystem, str], None]) -> None:
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     write(fs, path + ".tmp")
     fs.move(path + ".tmp", path)
-
-
-def read_plan(uri: str) -> pa.Table | None:
-    fs, path = fs_of(uri)
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
-        return None
-    return pq.read_table(path, filesystem=fs)

@@ -207,6 +207,17 @@ JOURNAL = pa.schema([
     pa.field("epoch", pa.int64()),
 ])
 
+# An operator action's plan (storage/plans.py): the rows a redrive or a purge will move or delete,
+# as Arrow IPC streams in parts, and the versions of the tables it read them from.
+PLANS = pa.schema([
+    pa.field("action_id", pa.string()),
+    pa.field("kind", pa.string()),
+    pa.field("part", pa.int32()),
+    pa.field("rows", pa.binary()),  # an Arrow IPC stream of one part of the plan's rows
+    pa.field("versions", pa.string()),  # JSON: {"table": version} as the plan read them
+    pa.field("epoch", pa.int64()),
+])
+
 # The purged ledger: messages an operator (or a declared retention) deleted for good from poison,
 # dead_letter or quarantine. Their bodies are gone; their ids, where they were and which action took
 # them stay, so the conservation line counts them as a terminal outcome of their own.

@@ -40,6 +40,8 @@ EDITS = "edits"
 PURGED = "purged"
 # The cycle journal: one row per waiting table (storage/journal.py).
 JOURNAL = "journal"
+# Operator actions' plans: one row per part of a plan (storage/plans.py).
+PLANS = "plans"
 # Not in `all_tables`: created with its opening balance by storage/intake.py.
 INTAKE = "intake"
 # Columns whose values are (nearly) all distinct: a dictionary never pays for them, and trying one
@@ -70,6 +72,7 @@ def schema_of(table: str) -> pa.Schema:
         PURGED: schemas.PURGED,
         INTAKE: schemas.INTAKE,
         JOURNAL: schemas.JOURNAL,
+        PLANS: schemas.PLANS,
     }[table]
 
 
@@ -198,7 +201,7 @@ class QueueTables:
     @property
     def all_tables(self) -> tuple[str, ...]:
         return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
-                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED, JOURNAL)
+                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED, JOURNAL, PLANS)
 
     def __post_init__(self) -> None:
         segment(self.queue, "queue name")

@@ -216,7 +216,8 @@ class QueueWriter(Committer):
         _again_on_conflict(once)
 
     def replace_batches(self, table: str, batch_ids: Iterable[str | None], keep: pads.Expression,
-                        snapshot: DeltaTable | None = None, add: pa.Table | None = None) -> None:
+                        snapshot: DeltaTable | None = None, add: pa.Table | None = None,
+                        also: Sequence[Transaction] = ()) -> None:
         """Rewrite whole batches in one commit, keeping only their rows that match `keep`.
 
         delta-rs's delete writes a partly deleted file back with string_view columns, which pyarrow
@@ -224,7 +225,8 @@ class QueueWriter(Committer):
         kept rows are streamed and written here instead, as plain strings, and a batch still sits
         in files of its own; `add` rows are written in the same commit. Given the `snapshot` the
         caller read the batches from, the commit fails if another one removed them since (a cycle
-        that took them) instead of silently doing nothing.
+        that took them) instead of silently doing nothing. `also` are app transactions the commit
+        records (a replay of an operator action reads from them that this rewrite was made).
         """
         ids = set(batch_ids)
         named = sorted(i for i in ids if i is not None)
@@ -237,7 +239,7 @@ class QueueWriter(Committer):
             return
         self.check()
         target = snapshot if snapshot is not None else self.tables.open(table)
-        properties = self.properties(target, table)
+        properties = self.properties(target, table, also)
         kept: Any = target.to_pyarrow_dataset().scanner(filter=within & keep).to_reader()
         if add is not None:
             # Rows added in the same commit must carry one of the batch ids, or the overwrite refuses them.
@@ -265,10 +267,11 @@ class QueueWriter(Committer):
             self._refused(table)
             raise
 
-    def restore(self, table: str, version: int, snapshot: DeltaTable) -> None:
-        """Restore `table` to `version` from `snapshot` (refused if another commit came since it)."""
+    def restore(self, table: str, version: int, snapshot: DeltaTable, also: Sequence[Transaction] = ()) -> None:
+        """Restore `table` to `version` from `snapshot` (refused if another commit came since it);
+        `also` are app transactions the restore commit records."""
         self.check()
-        properties = self.properties(snapshot, table)
+        properties = self.properties(snapshot, table, also)
         try:
             with writing(f"restoring version {version}", self.tables.describe(table)):
                 snapshot.restore(version, commit_properties=properties)

@@ -1,0 +1,277 @@
+"""Operator actions rerun, reused, interrupted and replayed: every message stays in exactly one place.
+
+Each test is one sequence of the issue "Nothing lost, whatever operators do and however long a
+process pauses" (its case number in the name), on small cycles delivered without Spark.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from poison_pipeline import cli
+from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.routing import INBOUND, POISON
+from poison_pipeline.engine import cycle as cycle_module
+from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations import purge as purge_module
+from poison_pipeline.operations import redrive as redrive_module
+from poison_pipeline.operations.actions import DONE, PLANNED, find_action
+from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.redrive import RedriveError, Replacement, redrive
+from poison_pipeline.operations.undo import undo
+from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.journal import read_entry
+from poison_pipeline.storage.tables import PLANS, PURGED, QueueTables
+from poison_pipeline.storage.writer import QueueWriter
+from poison_pipeline_tests.support import places
+
+HANDLER = "poison_pipeline_tests.handlers:scripted"
+# One failed attempt sends a message to poison.
+FAILS_ONCE = {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "move"}
+
+
+class Killed(Exception):  # noqa: N818 - a process killed at that point
+    pass
+
+
+def no_spark() -> Any:
+    raise AssertionError("a small cycle never starts Spark")
+
+
+def lake(make_declaration: Callable[..., Declaration], *names: str) -> Declaration:
+    return make_declaration({name: {"handler": HANDLER, "policy": FAILS_ONCE} for name in names},
+                            small_cycles={"max_messages": 1000})
+
+
+def send(declaration: Declaration, queue: str, bodies: dict[str, dict[str, Any]]) -> None:
+    result = enqueue(declaration, queue, [{"message_id": m, "message_type": "t", "body": b} for m, b in bodies.items()])
+    assert not result.refused, result.refused
+
+
+def cycle(declaration: Declaration, queue: str = "q", table: str = INBOUND) -> cycle_module.CycleReport:
+    return run_cycle(no_spark, declaration, queue, table)
+
+
+def purged_ids(declaration: Declaration, queue: str = "q") -> list[str]:
+    tables = QueueTables.of(declaration, queue)
+    return sorted(tables.open(PURGED).to_pyarrow_table(columns=["message_id"])["message_id"].to_pylist())
+
+
+def accounted(declaration: Declaration, queue: str = "q") -> int:
+    return conservation(QueueTables.of(declaration, queue)).accounted
+
+
+def kill_after(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, calls: int) -> None:
+    """Kill the process right after the `calls`-th call of `owner.name` (it is made, then the kill)."""
+    real = getattr(owner, name)
+    made = [0]
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        made[0] += 1
+        if made[0] == calls:
+            raise Killed(f"killed after {name} #{calls}")
+        return result
+
+    monkeypatch.setattr(owner, name, step)
+
+
+def kill_before(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, calls: int) -> None:
+    """Kill the process just before the `calls`-th call of `owner.name` would be made."""
+    real = getattr(owner, name)
+    made = [0]
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        made[0] += 1
+        if made[0] == calls:
+            raise Killed(f"killed before {name} #{calls}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, step)
+
+
+def two_in_poison(declaration: Declaration) -> None:
+    send(declaration, "q", {"m1": {"fail": True}, "m2": {"fail": True}})
+    cycle(declaration)
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
+
+
+def test_case_1_redrive_undo_and_the_same_redrive_again_moves_them_again(make_declaration):
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    first = redrive(declaration, "q", POISON)
+    assert undo(declaration, first.action_id).restored == 2
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
+    again = redrive(declaration, "q", POISON)
+    assert again.redrive_id != first.redrive_id  # a new invocation is a new action
+    assert (again.moved, again.already_done) == (2, False)
+    assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND]}
+    assert accounted(declaration) == 2
+    # The undone action's own id resumes that action, which is over: nothing moves.
+    assert redrive(declaration, "q", POISON, redrive_id=first.redrive_id).already_done
+    assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND]}
+
+
+def test_a_committed_chunk_missing_from_the_target_leaves_the_source_alone(make_declaration, monkeypatch):
+    """The mechanism behind case 1: a chunk the target's log shows appended, whose messages are not
+    in the target (its append was taken back since), never lets the source rows go."""
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    inbound = QueueTables.of(declaration, "q").open(INBOUND)
+    before = inbound.version()
+    with monkeypatch.context() as patch:
+        kill_before(patch, QueueWriter, "replace_batches", 1)  # appended, not removed from poison yet
+        with pytest.raises(Killed):
+            redrive(declaration, "q", POISON, redrive_id="r1")
+    DeltaTable(inbound.table_uri).restore(before)  # the append taken back; its app transaction stays
+    with pytest.raises(RedriveError, match="records the chunks of 2 message"):
+        redrive(declaration, "q", POISON, redrive_id="r1")
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
+    assert find_action(QueueTables.of(declaration, "q"), "r1").state == PLANNED
+    assert accounted(declaration) == 2
+
+
+def _config(declaration: Declaration, tmp_path: Path) -> str:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(json.loads(declaration.model_dump_json())))
+    return str(config)
+
+
+def test_case_2_an_id_another_queue_used_is_refused_and_changes_nothing(make_declaration, tmp_path, capsys):
+    declaration = lake(make_declaration, "a", "b", "z")
+    send(declaration, "a", {"a1": {"fail": True}})
+    send(declaration, "b", {"b1": {"fail": True}})
+    cycle(declaration, "a")
+    cycle(declaration, "b")
+    assert redrive(declaration, "a", POISON, to="z", redrive_id="fix1").moved == 1
+    with pytest.raises(RedriveError, match="'fix1' is already used by an action of queue 'a'"):
+        redrive(declaration, "b", POISON, to="z", redrive_id="fix1")
+    run = ["--config", _config(declaration, tmp_path), "redrive", "b", "--from", POISON, "--to", "z", "--id", "fix1"]
+    assert cli.main(run) == cli.EXIT_USAGE
+    assert "already used by an action of queue 'a'" in capsys.readouterr().err
+    assert places(declaration, "b") == {"b1": [POISON]}
+    assert places(declaration, "z") == {"a1": [INBOUND]}
+    assert accounted(declaration, "b") == 1
+    # Another id goes through: the target's app transactions are the source queue's own.
+    assert redrive(declaration, "b", POISON, to="z", redrive_id="fix2").moved == 1
+    assert places(declaration, "z") == {"a1": [INBOUND], "b1": [INBOUND]}
+    assert (accounted(declaration, "a"), accounted(declaration, "b")) == (0, 0)
+
+
+def test_case_5_a_redrive_killed_after_its_plan_does_not_bring_back_what_a_purge_deleted(make_declaration,
+                                                                                         monkeypatch):
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    with monkeypatch.context() as patch:
+        kill_after(patch, redrive_module, "write_plan", 1)
+        with pytest.raises(Killed):
+            redrive(declaration, "q", POISON, redrive_id="r1")
+    assert purge(declaration, "q", POISON, 0).purged == 2
+    report = cycle(declaration)
+    assert report.interrupted.completed == ["r1"]
+    assert places(declaration) == {}
+    assert purged_ids(declaration) == ["m1", "m2"]
+    done = find_action(QueueTables.of(declaration, "q"), "r1")
+    assert (done.state, done.counts["moved"], done.counts["skipped_moved_since"]) == (DONE, 0, 2)
+    assert accounted(declaration) == 2
+    assert QueueTables.of(declaration, "q").open(PLANS).count() == 0  # no plan left behind
+
+
+@pytest.mark.parametrize("killed", ["after its plan", "after its ledger rows"])
+def test_case_13_a_purge_killed_then_a_redrive_then_a_cycle_purges_nothing_moved_since(make_declaration,
+                                                                                       monkeypatch, killed):
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    with monkeypatch.context() as patch:
+        if killed == "after its plan":
+            kill_after(patch, purge_module, "write_plan", 1)
+        else:
+            kill_before(patch, QueueWriter, "replace_batches", 1)
+        with pytest.raises(Killed):
+            purge(declaration, "q", POISON, 0, purge_id="p1")
+    assert purged_ids(declaration) == ([] if killed == "after its plan" else ["m1", "m2"])
+    assert redrive(declaration, "q", POISON).moved == 2
+    report = cycle(declaration)  # completes p1 first, then delivers m1 and m2, which fail again
+    assert report.interrupted.completed == ["p1"]
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
+    assert purged_ids(declaration) == []
+    done = find_action(QueueTables.of(declaration, "q"), "p1")
+    assert (done.state, done.counts["purged"], done.counts["skipped_moved_since"]) == (DONE, 0, 2)
+    assert accounted(declaration) == 2
+
+
+@pytest.mark.parametrize("restores_made", [0, 1])
+def test_case_6_an_undo_killed_then_an_enqueue_then_the_undo_again_compensates_whole(make_declaration,
+                                                                                     monkeypatch, restores_made):
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    redrive(declaration, "q", POISON, redrive_id="r1")
+    with monkeypatch.context() as patch:
+        kill_before(patch, QueueWriter, "restore", restores_made + 1)
+        with pytest.raises(Killed):
+            undo(declaration, "r1")
+    send(declaration, "q", {"n1": {}})
+    result = undo(declaration, "r1")
+    assert (result.how, result.restored, result.unrecoverable) == ("compensate", 2, [])
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON], "n1": [INBOUND]}
+    assert accounted(declaration) == 3
+
+
+def test_case_12_undo_of_a_redrive_into_a_queue_it_created_brings_the_message_back(make_declaration):
+    declaration = lake(make_declaration, "qb", "qc")
+    send(declaration, "qb", {"m1": {"fail": True}})
+    cycle(declaration, "qb")
+    done = redrive(declaration, "qb", POISON, to="qc")
+    assert QueueTables.of(declaration, "qb").exists(POISON)
+    assert find_action(QueueTables.of(declaration, "qb"), done.action_id).versions["qc/inbound"]["before"] is None
+    result = undo(declaration, done.action_id)
+    assert (result.restored, result.unrecoverable) == (1, [])
+    assert places(declaration, "qb") == {"m1": [POISON]}
+    assert places(declaration, "qc") == {}
+    assert (accounted(declaration, "qb"), accounted(declaration, "qc")) == (1, 0)
+
+
+def test_case_14_an_undo_finishes_the_queues_staged_cycle_first(make_declaration, monkeypatch):
+    declaration = lake(make_declaration, "q")
+    send(declaration, "q", {"m1": {"fail": True}})
+    cycle(declaration)
+    fixed = {"m1": Replacement(b"{}", ())}
+    redrive(declaration, "q", POISON, redrive_id="r1", replace=fixed)
+    with monkeypatch.context() as patch:
+        def killed(*args: Any, **kwargs: Any) -> None:
+            raise Killed("killed after staging")
+        patch.setattr(cycle_module, "finish_staged", killed)
+        with pytest.raises(Killed):
+            cycle(declaration)
+    assert read_entry(QueueTables.of(declaration, "q"), INBOUND).state == "staged"
+    result = undo(declaration, "r1")
+    assert read_entry(QueueTables.of(declaration, "q"), INBOUND).state == "done"
+    assert (result.restored, result.unrecoverable) == (0, ["m1"])
+    assert places(declaration) == {"m1": ["processed:processed"]}
+    cycle(declaration)
+    assert places(declaration) == {"m1": ["processed:processed"]}
+    assert accounted(declaration) == 1
+
+
+def test_a_redrive_and_a_purge_without_an_id_are_new_actions_each_time(make_declaration):
+    declaration = lake(make_declaration, "q")
+    now = datetime.now(UTC)
+    send(declaration, "q", {"m1": {"fail": True}})
+    cycle(declaration)
+    ids = {redrive_module.redrive(declaration, "q", POISON, dry_run=True, now=now).redrive_id for _ in range(2)}
+    assert len(ids) == 2
+    first = purge(declaration, "q", POISON, 0, now=now + timedelta(seconds=1))
+    send(declaration, "q", {"m2": {"fail": True}})
+    cycle(declaration)
+    second = purge(declaration, "q", POISON, 0)
+    assert first.purge_id != second.purge_id and (first.purged, second.purged) == (1, 1)
+    assert accounted(declaration) == 2
