@@ -201,7 +201,7 @@ def _commit(writer: QueueWriter, action: Action, rows: pa.Table) -> Action:
     _remove(writer, table, rows)
     done = finish_action(writer, action, {"selected": rows.num_rows, "purged": rows.num_rows},
                          _touched(tables, table))
-    remove_tree(tables.work_uri(KIND, action.action_id))
+    remove_tree(tables.work_uri(KIND, action.action_id), tables.storage_options)
     return done
 
 
@@ -235,12 +235,12 @@ def _complete_interrupted(declaration: Declaration, writer: QueueWriter, skip: s
 
 def _sweep_plans(tables: QueueTables, keep: set[str]) -> None:
     """Delete the plans left by purges killed after they were recorded done (nothing reads them)."""
-    fs, path = fs_of(tables.work_uri(KIND))
+    fs, path = fs_of(tables.work_uri(KIND), tables.storage_options)
     if fs.get_file_info(path).type.name == "NotFound":
         return
     for entry in fs.get_file_info(pafs.FileSelector(path)):
         if entry.base_name not in keep:
-            remove_tree(tables.work_uri(KIND, entry.base_name))
+            remove_tree(tables.work_uri(KIND, entry.base_name), tables.storage_options)
 
 
 def finish_interrupted(declaration: Declaration, writer: QueueWriter, action: Action) -> pa.Table:
@@ -275,7 +275,7 @@ def _resume(declaration: Declaration, writer: QueueWriter, action: Action) -> Pu
     args = action.arguments
     age, cutoff = timedelta(seconds=args["older_than_seconds"]), datetime.fromisoformat(args["cutoff"])
     if action.state == DONE:
-        remove_tree(tables.work_uri(KIND, action.action_id))  # killed after it was recorded done
+        remove_tree(tables.work_uri(KIND, action.action_id), tables.storage_options)  # killed after recorded done
         result = PurgeResult(action.action_id, args["queue"], args["table"], False, age.total_seconds(), cutoff,
                              already_done=True, actor=action.actor, action_id=action.action_id)
         return result

@@ -252,7 +252,7 @@ def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter,
     touched = [(tables, request.source), (target, INBOUND)]
     recorded = find_action(tables, redrive_id)
     if recorded is not None and recorded.state == DONE:
-        remove_tree(tables.work_uri("redrive", redrive_id))  # killed after it was recorded done
+        remove_tree(tables.work_uri("redrive", redrive_id), tables.storage_options)  # killed after it was recorded done
         return RedriveResult(redrive_id, request.queue, request.source, request.to, False, already_done=True,
                              action_id=redrive_id)
     uri = _plan_uri(tables, redrive_id)
@@ -292,7 +292,7 @@ def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter,
             progress(moved, rows.num_rows)
         _remove_from_source(writer, request.source, rows)
     finish_action(writer, action, {**counts, "moved": rows.num_rows}, touched)
-    remove_tree(tables.work_uri("redrive", redrive_id))
+    remove_tree(tables.work_uri("redrive", redrive_id), tables.storage_options)
     result.action_id = action.action_id
     return result
 
