@@ -294,7 +294,7 @@ def python_per_row(declaration: Declaration, queue: str, now: datetime, rows: in
     sample = message_table(rows, now, "sample")
     queue_decl = declaration.queue(queue)
     spec = CycleSpec(queue, "inbound", queue_decl.policy, queue_decl.poison_queue, queue_decl.handler,
-                     now, "inbound-1-bench")
+                     now, "inbound-1-bench", storage_options=dict(declaration.storage_options))
     passes: dict[str, tuple[Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]], pa.Table]] = {
         "processor": (Processor(spec), sample),
         "plain": (bench_handler.plain_pass, sample.select(bench_handler.ENVELOPE_COLUMNS)),

@@ -77,7 +77,7 @@ def run(messages: int, rounds: int) -> dict[str, Any]:
         bench_handler.QUEUE: {"handler": bench_handler.HANDLER, "policy": cycle_throughput.POLICY}}})
     queue = declaration.queue(bench_handler.QUEUE)
     spec = CycleSpec(bench_handler.QUEUE, "inbound", queue.policy, queue.poison_queue, queue.handler, now,
-                     "inbound-1-bench")
+                     "inbound-1-bench", storage_options=dict(declaration.storage_options))
     table = cycle_throughput.message_table(messages, now, "m")
     passes: dict[str, tuple[Callable[[], Pass], list[pa.RecordBatch]]] = {
         "engine": (lambda: Processor(spec), table.to_batches(max_chunksize=BATCH_ROWS)),

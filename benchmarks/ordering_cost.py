@@ -232,7 +232,7 @@ def python_per_row(declaration: Declaration, now: datetime, rows: int, size: int
         queue = f"warmup_{mode}"
         queue_decl = declaration.queue(queue)
         spec = CycleSpec(queue, "inbound", queue_decl.policy, queue_decl.poison_queue, queue_decl.handler,
-                         now, "inbound-1-bench")
+                         now, "inbound-1-bench", storage_options=dict(declaration.storage_options))
         data = sample if mode == "none" else sample.sort_by(
             [("conversation_id", "ascending"), ("sequence_number", "ascending")])
         batches = data.to_batches(max_chunksize=10_000)

@@ -43,6 +43,7 @@ from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage import journal
 from poison_pipeline.storage import tables as tables_module
+from poison_pipeline.storage import uri as uri_module
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.faults import StorageFailure
 from poison_pipeline.storage.intake import accepted_total, settle_intake
@@ -55,7 +56,7 @@ from poison_pipeline_tests.test_crash import STEPS, outcome, scenario
 
 # Below the product's own wording (storage/faults.writing): the calls that write to the lake.
 LOW_STEPS = ((tables_module, "write_deltalake"), (DeltaTable, "delete"), (DeltaTable, "create_write_transaction"),
-             (journal, "_replace"))
+             (journal, "_replace"), (uri_module, "whole_in"))
 REDRIVE_STEPS = (*LOW_STEPS, (actions_module, "write_deltalake"))
 ERRORS = (errno.ENOSPC, errno.EROFS, errno.EIO)
 # What each durable step of the crash test's cycle writes, as the error names it.

@@ -79,6 +79,9 @@ class CycleSpec:
     crashed: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Checked before every attempt: a worker whose cycle lost its lease stops delivering.
     guard: LeaseGuard | None = None
+    # The lake's (QueueTables.storage_options): the in-flight markers and the staged results are
+    # files under its root. Required, so that no delivery opens them without.
+    storage_options: dict[str, str] = field(kw_only=True, repr=False)  # credentials: never in a repr
 
     @property
     def is_poison(self) -> bool:
@@ -216,10 +219,10 @@ class Processor:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """One result per batch, in the order of the batches (engine/staging.py pairs them)."""
         # Here, not in __init__: this runs in the worker (a Spark executor's, or a small cycle's).
-        self.marker = Marker(self.spec.inflight) if self.spec.inflight else None
+        self.marker = Marker(self.spec.inflight, self.spec.storage_options) if self.spec.inflight else None
         output.install()
         if self.timeout is not None and self.handler is not None:
-            watchdog.prepare(self.marker.uri if self.marker is not None else None)
+            watchdog.prepare(self.marker.uri if self.marker is not None else None, self.spec.storage_options)
         # A batch is held back while an outage could still undo some of its routes.
         pending: list[tuple[pa.RecordBatch, Changes]] = []
         for batch in map(with_every_column, batches):

@@ -31,8 +31,8 @@ from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION
 from poison_pipeline.storage.writer import QueueWriter
 
 
-def _staged(entry: JournalEntry) -> pads.Dataset:
-    return staged_rows(entry.staging)
+def _staged(tables: QueueTables, entry: JournalEntry) -> pads.Dataset:
+    return staged_rows(entry.staging, tables.storage_options)
 
 
 def _batches(staged: pads.Dataset, columns: list[str],
@@ -122,7 +122,7 @@ def apply_staged(writer: QueueWriter, entry: JournalEntry, cycle: int,
     cycle (staged by this run, not recovered) must find none of its commits made already."""
     tables = writer.tables
     now = datetime.fromisoformat(entry.started_at)
-    staged = _staged(entry)
+    staged = _staged(tables, entry)
     app_id = f"poison_pipeline/{tables.queue}/{entry.table}"
 
     def reused(table: str) -> SequenceReused:
@@ -303,7 +303,7 @@ def end_failed_conversations(declaration: Declaration, tables: QueueTables, entr
     """End with an error every conversation whose message failed for good in this cycle under
     `on_conversation_poison: end_conversation`: the rest of it leaves every table, its senders are
     told, and the clean-up hook runs. Safe to repeat: ending is idempotent."""
-    heads = _staged(entry).to_table(
+    heads = _staged(tables, entry).to_table(
         columns=["conversation_id", "message_id", "last_error_type", "last_error_message", "attempts"],
         filter=(pc.field("disposition") == Disposition.ENDED.value) & pc.field("conversation_id").is_valid(),
     )

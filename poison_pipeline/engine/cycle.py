@@ -98,7 +98,7 @@ def _stage(deliver: Callable[[CycleSpec], None], spec: CycleSpec, inflight: str)
                 raise
             deaths += 1
             # Markers left by an earlier careful run that was itself killed name nobody now.
-            found = culprits(inflight)
+            found = culprits(inflight, spec.storage_options)
             if not careful:
                 careful = True
                 continue
@@ -173,7 +173,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
             writer.check()
             report.recovered = finish_staged(declaration, writer, previous, fresh=False)
         elif previous.state == "planned":
-            remove_tree(previous.staging)  # a compute that died: nothing of it was committed
+            remove_tree(previous.staging, tables.storage_options)  # a compute that died: nothing of it was committed
     writer.check()
     report.interrupted = complete_interrupted(declaration, writer, run_id)
     settle_intake(writer)
@@ -210,7 +210,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
     held = contextlib.ExitStack()
     # Delivered beside the driver, the rows are read once, for dedup and delivery: each due file
     # costs an open, and a queue fed by small enqueues has hundreds.
-    rows = local.read_due(stats.due_files) if local_delivery else None
+    rows = local.read_due(stats.due_files, tables.storage_options) if local_delivery else None
     if small:
         duplicates = find_duplicates(rows.select(_ID_COLUMNS) if rows is not None else _due_ids(tables, table, stats),
                                      ledger)
@@ -235,6 +235,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
         ended=frozenset(ended_conversations(tables)) if small else frozenset(),
         blocked=blocked_conversations(tables, table, list(stats.due_batches)) if ordered and small else {},
         guard=LeaseGuard.of(lease),
+        storage_options=tables.storage_options,
     )
     if rows is not None:
         rows = sorted_in_conversation_order(rows) if ordered else rows

@@ -35,7 +35,7 @@ from poison_pipeline.engine import staged, watchdog
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import remove_tree
-from poison_pipeline.storage.uri import fs_of
+from poison_pipeline.storage.uri import fs_of, whole_in
 
 # Spark hands mapInArrow batches of at most this many rows (spark.sql.execution.arrow.maxRecordsPerBatch).
 _BATCH_ROWS = 10_000
@@ -45,10 +45,11 @@ class WorkerDied(RuntimeError):
     """The worker process delivering a small cycle died (its handler exited or crashed it)."""
 
 
-def read_due(files: Sequence[str]) -> pa.Table:
-    """The rows of the due files, as Spark reads them for a cycle (schemas.MESSAGE, missing columns null)."""
-    fs, _ = fs_of(files[0])
-    paths = [fs_of(uri)[1] for uri in files]
+def read_due(files: Sequence[str], storage_options: dict[str, str]) -> pa.Table:
+    """The rows of the due files (URIs in one lake, whose `storage_options` these are), as Spark
+    reads them for a cycle (schemas.MESSAGE, missing columns null)."""
+    fs, _ = fs_of(files[0], storage_options)
+    paths = [fs_of(uri, storage_options)[1] for uri in files]
     # One chunk, not one per file: the worker would process each small enqueue's file as a batch
     # of its own, and pickling the rows to it would pay per chunk and column.
     return pads.dataset(paths, schema=schemas.MESSAGE, format="parquet", filesystem=fs).to_table().combine_chunks()
@@ -182,10 +183,11 @@ def stage(rows: pa.Table, spec: CycleSpec, staging: str) -> None:
     if kind == "error":
         raise RuntimeError(f"delivering {spec.queue}/{spec.table} failed in its worker process:\n{payload}")
     assert isinstance(payload, pa.Table)
-    remove_tree(staging)
-    fs, path = fs_of(staging)
+    remove_tree(staging, spec.storage_options)
+    fs, path = fs_of(staging, spec.storage_options)
     fs.create_dir(path, recursive=True)
     # Unhashed: the commit hashes the ids of the few messages a small cycle processes.
     results = payload.append_column(staged.STAGED.field("id_hash"), pa.nulls(payload.num_rows, pa.int64()))
     for prefix, part in zip((staged.LEDGER_PREFIX, staged.MOVED_PREFIX), staged.split(results), strict=True):
-        pq.write_table(part, f"{path}/{prefix}00000.parquet", filesystem=fs, **staged.FILE_OPTIONS)
+        with whole_in(fs, f"{path}/{prefix}00000.parquet") as file:
+            pq.write_table(part, file, **staged.FILE_OPTIONS)

@@ -27,7 +27,7 @@ def finish_staged(declaration: Declaration, writer: QueueWriter, entry: JournalE
         counts.update(end_failed_conversations(declaration, writer.tables, entry))
     entry.state, entry.summary = "done", counts
     write_entry(writer, entry)
-    remove_tree(entry.staging)
+    remove_tree(entry.staging, writer.tables.storage_options)
     return counts
 
 

@@ -17,6 +17,7 @@ import pyarrow.dataset as pads
 
 from poison_pipeline.domain.routing import PROCESSED
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.uri import fs_of
 
 Rows = TypeVar("Rows", pa.RecordBatch, pa.Table)
 
@@ -47,6 +48,8 @@ def split(rows: Rows) -> tuple[Rows, Rows]:
     return ledger.filter(processed), rows.filter(pc.invert(processed))
 
 
-def dataset(staging: str) -> pads.Dataset:
-    """Every row staged in the folder `staging`, as STAGED rows (a ledger file's other columns null)."""
-    return pads.dataset(staging, format="parquet", schema=STAGED)
+def dataset(staging: str, storage_options: dict[str, str]) -> pads.Dataset:
+    """Every row staged in the folder `staging` (under the root of the lake whose `storage_options`
+    these are), as STAGED rows (a ledger file's other columns null)."""
+    fs, path = fs_of(staging, storage_options)
+    return pads.dataset(path, format="parquet", schema=STAGED, filesystem=fs)

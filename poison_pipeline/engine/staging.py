@@ -7,8 +7,9 @@ of its own in the staging folder (shared storage under the lake root, which ever
 its processed messages' ledger rows apart from its other rows (engine/staged.py), and returns one
 row naming each file; the driver keeps exactly the files those rows name.
 
-A task writes under a hidden temporary name and renames it when complete, so a task that dies (or
-a retried attempt) never leaves half a file where the commit reads; a file not named by the job
+A task writes each file whole or not at all (storage/uri.whole: locally under a hidden temporary
+name renamed when complete, on an object store an upload completed only then), so a task that dies
+(or a retried attempt) never leaves half a file where the commit reads; a file not named by the job
 that succeeded (one a killed earlier run finished late) is removed before the cycle is marked staged.
 """
 
@@ -31,7 +32,7 @@ from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.engine.id_hashes import HASH_COLUMN
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import remove_tree
-from poison_pipeline.storage.uri import fs_of
+from poison_pipeline.storage.uri import fs_of, whole_in
 
 _WRITTEN = pa.schema([pa.field("file", pa.string()), pa.field("rows", pa.int64())])
 
@@ -46,13 +47,11 @@ class _TaskWriter:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
-        partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
-        fs, folder = fs_of(self.staging)
+        partition = context.partitionId() if context else 0
+        fs, folder = fs_of(self.staging, self.processor.spec.storage_options)
         fs.create_dir(folder, recursive=True)
         names = [f"{prefix}{partition:05d}-{self.token}.parquet" for prefix in (staged.LEDGER_PREFIX,
                                                                               staged.MOVED_PREFIX)]
-        # A leading dot: a dataset read of the folder skips it until the rename.
-        temporary = [f"{folder}/.{name}.{attempt}.tmp" for name in names]
         # The id hashes Spark computed as it read the rows: the Processor yields one result per
         # batch, in order, so each result takes the hashes of the batch it came from.
         hashes: deque[pa.Array] = deque()
@@ -62,15 +61,16 @@ class _TaskWriter:
                 hashes.append(batch.column(HASH_COLUMN))
                 yield batch
 
-        with (_Grouped(pq.ParquetWriter(temporary[0], staged.LEDGER, filesystem=fs, **staged.FILE_OPTIONS)) as ledger,
-              _Grouped(pq.ParquetWriter(temporary[1], staged.STAGED, filesystem=fs, **staged.FILE_OPTIONS)) as moved):
+        # Each file appears whole when its block ends, or never (the task failed or died in it).
+        with (whole_in(fs, f"{folder}/{names[0]}") as ledger_file, whole_in(fs, f"{folder}/{names[1]}") as moved_file,
+              _Grouped(pq.ParquetWriter(ledger_file, staged.LEDGER, **staged.FILE_OPTIONS)) as ledger,
+              _Grouped(pq.ParquetWriter(moved_file, staged.STAGED, **staged.FILE_OPTIONS)) as moved):
             for result in self.processor(hashed(batches)):
                 parts = staged.split(pa.RecordBatch.from_arrays([*result.columns, hashes.popleft()],
                                                                 schema=staged.STAGED))
                 ledger.add(parts[0])
                 moved.add(parts[1])
-        for source, name, written in zip(temporary, names, (ledger, moved), strict=True):
-            fs.move(source, f"{folder}/{name}")
+        for name, written in zip(names, (ledger, moved), strict=True):
             yield pa.RecordBatch.from_pylist([{"file": name, "rows": written.rows}], schema=_WRITTEN)
 
 
@@ -112,7 +112,7 @@ class _Grouped:
 def stage_on_spark(batch: DataFrame, spec: CycleSpec, staging: str, null_columns: Sequence[str] = ()) -> None:
     """Deliver `batch` in one Spark job whose tasks write the staged results to `staging`.
     `null_columns`: message columns null in every row, which the tasks restore rather than receive."""
-    remove_tree(staging)  # what a failed delivery left: nothing of it may be committed
+    remove_tree(staging, spec.storage_options)  # what a failed delivery left: nothing of it may be committed
     token = uuid.uuid4().hex[:12]
     # Every column costs the JVM a conversion to Arrow per row: a fresh message has nine null ones.
     batch = batch.drop(*(name for name in null_columns if name in schemas.MESSAGE.names))
@@ -120,7 +120,7 @@ def stage_on_spark(batch: DataFrame, spec: CycleSpec, staging: str, null_columns
     batch = batch.withColumn(HASH_COLUMN, F.xxhash64("message_id"))
     written = batch.mapInArrow(_TaskWriter(Processor(spec), staging, token), from_arrow_schema(_WRITTEN)).collect()
     keep = {row["file"] for row in written}
-    fs, folder = fs_of(staging)
+    fs, folder = fs_of(staging, spec.storage_options)
     fs.create_dir(folder, recursive=True)  # a batch without rows still stages an empty folder
     for info in fs.get_file_info(pafs.FileSelector(folder)):
         if info.base_name not in keep:

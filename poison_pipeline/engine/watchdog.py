@@ -14,6 +14,7 @@ Setting a deadline is two writes to shared memory: no system call per attempt.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import signal
@@ -24,9 +25,10 @@ import tempfile
 import time
 
 # Shared memory: the deadline (time.monotonic(), 0 = no attempt running) and a counter of attempts,
-# then where to note a kill (the in-flight marker of a careful re-run; empty = nowhere).
-_HEAD = struct.Struct("dQH")
-_PATH_LIMIT = 4096
+# then where to note a kill (JSON: the in-flight marker of a careful re-run and the lake's storage
+# options; empty = nowhere).
+_HEAD = struct.Struct("dQI")
+_PATH_LIMIT = 65536
 _SIZE = _HEAD.size + _PATH_LIMIT
 POLL_SECONDS = 0.1
 
@@ -62,14 +64,15 @@ class _Shared:
 _shared: _Shared | None = None
 
 
-def prepare(note: str | None) -> None:
-    """Make sure a watchdog watches this process, and say where it notes a kill (a marker path).
+def prepare(note: str | None, storage_options: dict[str, str]) -> None:
+    """Make sure a watchdog watches this process, and say where it notes a kill (a marker's URI,
+    in the lake whose `storage_options` these are).
 
     Called when a task starts delivering with a timeout; `arm` does nothing until it is."""
     global _shared
     if _shared is None or _shared.pid != os.getpid() or not _shared.alive():
         _shared = _Shared()  # a forked worker does not inherit its parent's watchdog
-    raw = (note or "").encode()
+    raw = json.dumps([note, storage_options]).encode() if note else b""
     if len(raw) > _PATH_LIMIT:
         raw = b""  # a marker path this long is not noted: the kill counts as a crash
     struct.pack_into(f"{len(raw)}s", _shared.memory, _HEAD.size, raw)
@@ -131,7 +134,8 @@ def _write_note(marker: str) -> bool:
     from poison_pipeline.storage.inflight import note_timeout
 
     try:
-        note_timeout(marker)
+        uri, storage_options = json.loads(marker)
+        note_timeout(uri, storage_options)
     except Exception:  # noqa: BLE001 - a storage error must not stop the kill
         return False
     return True
@@ -140,4 +144,5 @@ def _write_note(marker: str) -> bool:
 def _remove_note(marker: str) -> None:
     from poison_pipeline.storage.inflight import remove_timeout_note
 
-    remove_timeout_note(marker)
+    uri, storage_options = json.loads(marker)
+    remove_timeout_note(uri, storage_options)

@@ -128,7 +128,7 @@ def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: dat
     appender = LeaseFreeAppender(tables)
     note = {"batch_id": batch_id, "messages": rows.num_rows, "at": now.isoformat(), "after": inbound.version(),
             "host": socket.gethostname(), "pid": os.getpid(), "written": datetime.now(UTC).isoformat()}
-    write_json(uri, note, "noting an enqueue until its intake is recorded")
+    write_json(uri, tables.storage_options, note, "noting an enqueue until its intake is recorded")
     _in_flight.add(batch_id)
     try:
         appender.append(INBOUND, rows, metadata={_BATCH_KEY: batch_id}, snapshot=inbound)
@@ -138,7 +138,7 @@ def append_enqueued(tables: QueueTables, rows: pa.Table, batch_id: str, now: dat
         _in_flight.discard(batch_id)
     # Both commits are made: a note left behind is found counted and removed by the next settle.
     with contextlib.suppress(OSError):
-        remove_file(uri)
+        remove_file(uri, tables.storage_options)
 
 
 def settle_intake(committer: Committer) -> list[str]:
@@ -146,15 +146,15 @@ def settle_intake(committer: Committer) -> list[str]:
     record it; forget the notes of enqueues that committed nothing. Returns the batches recorded."""
     tables = committer.tables
     recorded = []
-    for uri in list_files(tables.work_uri(_NOTES)):
-        note = read_json(uri)
+    for uri in list_files(tables.work_uri(_NOTES), tables.storage_options):
+        note = read_json(uri, tables.storage_options)
         if note is None or _in_flight_elsewhere(note):
             continue
         batch_id = str(note["batch_id"])
         if _landed(tables, batch_id, int(note["after"])) and not _counted(tables, batch_id):
             record_intake(committer, ENQUEUE, batch_id, int(note["messages"]), datetime.fromisoformat(note["at"]))
             recorded.append(batch_id)
-        remove_file(uri)
+        remove_file(uri, tables.storage_options)
     return recorded
 
 
@@ -191,5 +191,5 @@ def _counted(tables: QueueTables, batch_id: str) -> bool:
 
 def enqueued_batch_landed(tables: QueueTables, batch_id: str) -> bool:
     """Whether an enqueue's batch reached inbound, by its note (None-safe: False without one)."""
-    note = read_json(_note_uri(tables, batch_id))
+    note = read_json(_note_uri(tables, batch_id), tables.storage_options)
     return note is not None and _landed(tables, batch_id, int(note["after"]))

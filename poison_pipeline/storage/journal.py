@@ -12,7 +12,6 @@ Also here: the small files kept beside the tables (written whole or not at all).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,9 +20,9 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage import uri as lake
 from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.tables import JOURNAL, QueueTables
-from poison_pipeline.storage.uri import fs_of
 from poison_pipeline.storage.writer import QueueWriter
 
 State = Literal["planned", "staged", "done"]
@@ -55,7 +54,7 @@ def read_entry(tables: QueueTables, table: str) -> JournalEntry | None:
             row = max(rows, key=lambda r: r["seq"])
             return JournalEntry(row["seq"], row["state"], table, row["run_id"], row["started_at"],
                                 list(row["batches"] or []), row["staging"] or "", json.loads(row["summary"] or "{}"))
-    found = read_json(_legacy_uri(tables, table))
+    found = read_json(_legacy_uri(tables, table), tables.storage_options)
     return None if found is None else JournalEntry(**found)
 
 
@@ -70,54 +69,40 @@ def write_entry(writer: QueueWriter, entry: JournalEntry) -> None:
                            f"recording the {entry.table} cycle {entry.seq} as {entry.state} in its journal")
 
 
-def read_json(uri: str) -> Any:
+def read_json(uri: str, storage_options: dict[str, str]) -> Any:
     """The JSON value in the file at `uri`; None when there is no such file."""
-    fs, path = fs_of(uri)
+    fs, path = lake.fs_of(uri, storage_options)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return None
     with fs.open_input_stream(path) as stream:
         return json.loads(stream.read())
 
 
-def write_json(uri: str, value: Any, doing: str) -> None:
-    """Write a small JSON file whole or not at all (a temporary file renamed over the old one);
-    a storage fault says it was `doing` that."""
+def write_json(uri: str, storage_options: dict[str, str], value: Any, doing: str) -> None:
+    """Write a small JSON file whole or not at all (storage/uri.whole); a storage fault says it
+    was `doing` that."""
     data = json.dumps(value).encode()
-
-    def write(fs: pafs.FileSystem, temporary: str) -> None:
-        with fs.open_output_stream(temporary) as stream:
-            stream.write(data)
-
-    with writing(doing, uri):
-        _replace(uri, write)
+    with writing(doing, uri), lake.whole(uri, storage_options) as stream:
+        stream.write(data)
 
 
-def list_files(uri: str) -> list[str]:
-    """The files in the folder at `uri`, as URIs (none when there is no such folder)."""
-    fs, path = fs_of(uri)
+def list_files(uri: str, storage_options: dict[str, str]) -> list[str]:
+    """The JSON files in the folder at `uri`, as URIs (none when there is no such folder)."""
+    fs, path = lake.fs_of(uri, storage_options)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return []
-    prefix = uri[: len(uri) - len(path)] if uri.endswith(path) else ""
-    return sorted(prefix + info.path for info in fs.get_file_info(pafs.FileSelector(path))
-                  if info.type == pafs.FileType.File and info.path.endswith(".json"))
+    return sorted(lake.uri_in(uri, info.path) for info in fs.get_file_info(pafs.FileSelector(path))
+                  if info.type == pafs.FileType.File and info.path.endswith(".json")
+                  and not info.base_name.startswith("."))
 
 
-def remove_file(uri: str) -> None:
-    fs, path = fs_of(uri)
+def remove_file(uri: str, storage_options: dict[str, str]) -> None:
+    fs, path = lake.fs_of(uri, storage_options)
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
         fs.delete_file(path)
 
 
-def remove_tree(uri: str) -> None:
-    fs, path = fs_of(uri)
+def remove_tree(uri: str, storage_options: dict[str, str]) -> None:
+    fs, path = lake.fs_of(uri, storage_options)
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
         fs.delete_dir(path)
-
-
-def _replace(uri: str, write: Callable[[pafs.FileSystem, str], None]) -> None:
-    """Write the file at `uri` whole or not at all: `write` fills a temporary file, renamed over it
-    (a killed or failed write leaves no half file)."""
-    fs, path = fs_of(uri)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    write(fs, path + ".tmp")
-    fs.move(path + ".tmp", path)

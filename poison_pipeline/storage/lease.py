@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -292,7 +292,7 @@ class LeaseGuard:
 
     uri: str
     queue: str
-    storage_options: dict[str, str]
+    storage_options: dict[str, str] = field(repr=False)  # credentials: never in a repr
     epoch: int
     interval_s: float
     _checked: float = float("-inf")

@@ -66,7 +66,7 @@ def read_plan(tables: QueueTables, kind: str, action_id: str) -> Plan | None:
             found.sort(key=lambda part: part["part"])
             rows = pa.concat_tables(pa.ipc.open_stream(part["rows"]).read_all() for part in found)
             return Plan(rows, json.loads(found[0]["versions"] or "{}"))
-    fs, path = fs_of(_legacy_uri(tables, kind, action_id))
+    fs, path = fs_of(_legacy_uri(tables, kind, action_id), tables.storage_options)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return None
     return Plan(pq.read_table(path, filesystem=fs))
@@ -80,4 +80,4 @@ def remove_plan(writer: QueueWriter, kind: str, action_id: str) -> None:
             1, columns=["part"], filter=pads.field("action_id") == action_id).num_rows:
         writer.overwrite_where(PLANS, schemas.PLANS.empty_table(), f"action_id = {_quoted(action_id)}",
                                f"removing the plan of action {action_id}")
-    remove_tree(tables.work_uri(kind, action_id))
+    remove_tree(tables.work_uri(kind, action_id), tables.storage_options)
