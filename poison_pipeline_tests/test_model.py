@@ -33,6 +33,7 @@ The counts of a run (sequences, steps, kills, pauses, violations) are printed at
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -502,7 +503,10 @@ class LakeModel(RuleBasedStateMachine):
 
 def _settings() -> settings:
     examples, steps = BUDGETS.get(active_profile(), BUDGETS["ci"])
-    return settings(settings.get_profile(active_profile()), max_examples=examples, stateful_step_count=steps)
+    chosen = settings(settings.get_profile(active_profile()), max_examples=examples, stateful_step_count=steps)
+    if os.environ.get("MODEL_SHRINK") == "no":  # a failing sequence as found, in seconds rather than minutes
+        chosen = settings(chosen, phases=[p for p in Phase if p is not Phase.shrink])
+    return chosen
 
 
 LakeModel.TestCase.settings = _settings()
