@@ -406,10 +406,18 @@ def _context() -> Any:
 
 
 def _child(config: str, op: str, args: dict[str, Any], mode: str, at: int, match: str, status: str,
-           prepare: str | None) -> None:
+           prepare: str | None, shadow: str | None = None) -> None:
     """The body of a child: stop (kill: SIGKILL right after; pause: SIGSTOP right before) the `at`-th
-    commit point whose label contains `match`; write what happened to the `status` file."""
+    commit point whose label contains `match`; write what happened to the `status` file. With a
+    `shadow` (a copy of the test's folder), the child first mounts it over the folder in a mount
+    namespace of its own: a dry run that commits to the copy, its handler calls logged there."""
     out = Path(status)
+    if shadow is not None:
+        try:
+            _shadow_mount(shadow, str(Path(config).parent))
+        except OSError as error:
+            out.write_text(f"NOSHADOW {error}\n")
+            return
 
     def say(line: str) -> None:
         with open(out, "a") as stream:
@@ -444,6 +452,7 @@ def _child(config: str, op: str, args: dict[str, Any], mode: str, at: int, match
         say(f"POINTS {json.dumps(points.labels)}")
         say(f"DONE {result}")
     except BaseException as error:  # a failure of the operation is an outcome: the test judges the lake
+        say(f"POINTS {json.dumps(points.labels)}")
         say(f"FAILED {type(error).__name__}: {str(error)[:300]}")
 
 
@@ -499,19 +508,77 @@ class Child:
         return lines[-1] if lines else f"exit {self.process.exitcode}"
 
 
+    def points(self) -> list[str] | None:
+        """The commit points of a run that ended (None when it did not end by itself)."""
+        for line in self.lines():
+            if line.startswith("POINTS "):
+                return list(json.loads(line[len("POINTS "):]))
+        return None
+
+
 _CHILDREN = Counter[str]()
 
 
 def start_child(config: Path, op: str, args: dict[str, Any], mode: str, at: int, match: str = "",
-                prepare: str | None = None) -> Child:
+                prepare: str | None = None, shadow: Path | None = None, status: Path | None = None) -> Child:
     """Start `op` in a child process, to be killed right after (mode kill) or paused right before
-    (mode pause) its `at`-th commit point whose label contains `match` (mode run: neither)."""
+    (mode pause) its `at`-th commit point whose label contains `match` (mode run: neither). With a
+    `shadow` copy of the config's folder, the child works on that copy seen at the folder's path."""
     _CHILDREN["started"] += 1
-    status = config.parent / f"child-{_CHILDREN['started']}-{os.getpid()}.status"
-    process = _context().Process(target=_child, args=(str(config), op, args, mode, at, match, str(status), prepare),
-                                 daemon=True)
+    if status is None:
+        status = config.parent / f"child-{_CHILDREN['started']}-{os.getpid()}.status"
+    process = _context().Process(
+        target=_child, args=(str(config), op, args, mode, at, match, str(status), prepare,
+                             None if shadow is None else str(shadow)), daemon=True)
     process.start()
     return Child(process, status)
+
+
+_CLONE_NEWNS = 0x00020000
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+
+
+def _shadow_mount(shadow: str, folder: str) -> None:
+    """In this (single-threaded, just forked) process: a mount namespace of its own in which `shadow`
+    is mounted over `folder`, so every path the lake stored (absolute staging folders too) leads to
+    the copy. Needs CAP_SYS_ADMIN (root in a container) or raises OSError."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    if libc.mount(shadow.encode(), folder.encode(), None, _MS_BIND | _MS_REC, None) != 0:
+        raise OSError(ctypes.get_errno(), f"mount --bind {shadow} {folder}")
+
+
+_SHADOWS_WORK: list[bool] = []
+
+
+def count_points(config: Path, op: str, args: dict[str, Any], timeout: float = 120.0) -> list[str] | None:
+    """The commit points `op` would make now, counted by a dry run on a copy of the config's folder
+    (in a child that sees the copy at the folder's path); None when that cannot be done here."""
+    import shutil
+    import tempfile
+    if _SHADOWS_WORK and not _SHADOWS_WORK[0]:
+        return None
+    folder = config.parent
+    scratch = Path(tempfile.mkdtemp(prefix="pp-dry-"))
+    try:
+        shadow = scratch / "folder"
+        shutil.copytree(folder, shadow, symlinks=True,
+                        ignore=shutil.ignore_patterns("child-*.status"))
+        child = start_child(config, op, args, "run", 0, shadow=shadow, status=scratch / "dry.status")
+        child.finish(timeout)
+        if any(line.startswith("NOSHADOW") for line in child.lines()):
+            _SHADOWS_WORK[:] = [False]
+            return None
+        _SHADOWS_WORK[:] = [True]
+        return child.points()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------- the lake
