@@ -36,7 +36,7 @@ import yaml
 from poison_pipeline.domain.envelope import Message
 
 HANDLER = "poison_pipeline_tests.model_support:handle"
-EXPIRY_SECONDS = 1.0
+EXPIRY_SECONDS = 2.0
 # A takeover waits this long after a holder stopped: past its expiry, with room for a late renewal.
 PAST_EXPIRY = EXPIRY_SECONDS * 1.8
 POLICIES: dict[str, dict[str, Any]] = {
