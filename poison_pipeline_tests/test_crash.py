@@ -24,7 +24,7 @@ class Crash(Exception):
 # journal planned, staged; attempts, dead_letter, processed, retry_1; events; delete; journal done
 STEPS = 9
 # Where a cycle's durable steps are made: its journal writes, its table commits, its delete.
-CYCLE_STEPS = ((QueueTables, "append"), (QueueTables, "remove_batches"), (cycle_module, "write_entry"))
+CYCLE_STEPS = ((QueueWriter, "append"), (QueueWriter, "remove_batches"), (cycle_module, "write_entry"))
 
 
 def scenario(lake: Path, **settings: object):
