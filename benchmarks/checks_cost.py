@@ -44,6 +44,7 @@ from poison_pipeline.storage import schemas  # noqa: E402
 from poison_pipeline.storage.enqueue import enqueue, message_rows  # noqa: E402
 from poison_pipeline.storage.intake import record_intake  # noqa: E402
 from poison_pipeline.storage.tables import PURGED, QueueTables  # noqa: E402
+from poison_pipeline.storage.writer import QueueWriter, queue_writer  # noqa: E402
 
 QUEUE = "bench"
 
@@ -66,17 +67,23 @@ def fill_failed(declaration: Declaration, failed: int) -> None:
     """`failed` rows in each of retry_1, poison and dead_letter, ten batches each, with their intake rows."""
     tables = QueueTables.of(declaration, QUEUE)
     now = datetime.now(UTC)
-    for table in ("retry_1", POISON, DEAD_LETTER):
-        envelopes = [parse_envelope({"message_id": f"{table}-{i}", "message_type": "order", "body": {"n": i}},
-                                    now, None, 1 << 22) for i in range(failed)]
-        for part in range(10):  # ten batches each, as ten cycles would leave them
-            batch = f"bench-{table}-{part}"
-            rows = message_rows(envelopes[part::10], batch, now - timedelta(minutes=5))
-            if table == DEAD_LETTER:
-                rows = schemas.project(rows, schemas.DEAD_LETTER, reason="rejected", from_table="inbound",
-                                       dead_lettered_at=now)
-            tables.append(table, rows)
-            record_intake(tables, "benchmark", batch, rows.num_rows, now)
+    with queue_writer(tables, "benchmark") as writer:
+        for table in ("retry_1", POISON, DEAD_LETTER):
+            _fill_table(writer, table, failed, now)
+
+
+def _fill_table(writer: QueueWriter, table: str, failed: int, now: datetime) -> None:
+    """Ten batches of `failed` rows of `table`, as ten cycles would leave them, with their intake rows."""
+    envelopes = [parse_envelope({"message_id": f"{table}-{i}", "message_type": "order", "body": {"n": i}},
+                                now, None, 1 << 22) for i in range(failed)]
+    for part in range(10):
+        batch = f"bench-{table}-{part}"
+        rows = message_rows(envelopes[part::10], batch, now - timedelta(minutes=5))
+        if table == DEAD_LETTER:
+            rows = schemas.project(rows, schemas.DEAD_LETTER, reason="rejected", from_table="inbound",
+                                   dead_lettered_at=now)
+        writer.append(table, rows)
+        record_intake(writer, "benchmark", batch, rows.num_rows, now)
 
 
 def _interleaved(works: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:

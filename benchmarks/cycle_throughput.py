@@ -61,6 +61,7 @@ from poison_pipeline.engine.dedup import SMALL_BATCH  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
 from poison_pipeline.storage import schemas  # noqa: E402
 from poison_pipeline.storage.tables import QueueTables  # noqa: E402
+from poison_pipeline.storage.writer import LeaseFreeAppender, QueueWriter  # noqa: E402
 
 BODY_BYTES = 200
 POISON_RATE = 0.01
@@ -162,8 +163,9 @@ def write_inbound(declaration: Declaration, queue: str, messages: pa.Table, appe
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
     size = -(-messages.num_rows // appends)
+    appender = LeaseFreeAppender(tables)  # as enqueues append: without the queue's lease
     for start in range(0, messages.num_rows, size):
-        tables.append("inbound", messages.slice(start, size))
+        appender.append("inbound", messages.slice(start, size))
     return tables.open("inbound").file_uris()
 
 
@@ -270,8 +272,8 @@ def phase_clock(extra: Iterable[tuple[Any, str, str]] = ()) -> Iterator[dict[str
          lambda *a, **k: "deliver+stage: spark job (read, Processor, write staging)")
     wrap(cycle_module, "apply_staged", lambda *a, **k: "commit: apply_staged total")
     wrap(commit_module, "_attempt_rows", lambda *a, **k: "commit: build attempt rows (arrow)")
-    wrap(QueueTables, "append", lambda self, table, *a, **k: f"commit: delta append {table}")
-    wrap(QueueTables, "remove_batches", lambda self, table, *a, **k: f"commit: delta delete {table}")
+    wrap(QueueWriter, "append", lambda self, table, *a, **k: f"commit: delta append {table}")
+    wrap(QueueWriter, "remove_batches", lambda self, table, *a, **k: f"commit: delta delete {table}")
     for owner, name, text in extra:
         wrap(owner, name, lambda *a, _text=text, **k: _text)
     try:

@@ -40,6 +40,7 @@ from poison_pipeline.domain.errors import normalise, signature_of  # noqa: E402
 from poison_pipeline.storage import schemas  # noqa: E402
 from poison_pipeline.storage.control import event_row  # noqa: E402
 from poison_pipeline.storage.tables import EVENTS, QUARANTINE, QueueTables  # noqa: E402
+from poison_pipeline.storage.writer import queue_writer  # noqa: E402
 
 _FRAME = '  File "/srv/app/handlers.py", line {n}, in handle_{g}\n    value = parse(message.body)\n'
 
@@ -102,13 +103,14 @@ def run(messages: int, commits: int, groups: int, rounds: int, events: int, work
     tables.ensure()
     now = datetime.now(UTC)
     per_commit = messages // commits
-    for c in range(commits):
-        tables.append(QUARANTINE, _rows(c * per_commit, per_commit, groups, now))
     failures = (FailureCount("poison", "0123abcd", 3, "myapp.errors.Bug0", "m-1"),)
-    for k in range(events):
-        tables.append(EVENTS, pa.Table.from_pylist([event_row(
-            MESSAGES_FAILED, now, "poison_pipeline", "inbound cycle poisoned 3", "m-1", "inbound",
-            run_id=f"run-{k}", cycle_seq=k + 1, failures=failures_to_json(failures))], schema=schemas.EVENTS))
+    with queue_writer(tables, "benchmark") as writer:
+        for c in range(commits):
+            writer.append(QUARANTINE, _rows(c * per_commit, per_commit, groups, now))
+        for k in range(events):
+            writer.append(EVENTS, pa.Table.from_pylist([event_row(
+                MESSAGES_FAILED, now, "poison_pipeline", "inbound cycle poisoned 3", "m-1", "inbound",
+                run_id=f"run-{k}", cycle_seq=k + 1, failures=failures_to_json(failures))], schema=schemas.EVENTS))
     version = tables.open(EVENTS).version()
     metadata = table_metadata(declaration, "q", QUARANTINE)  # warm-up, and what is checked below
     assert metadata["failed_messages"].value == per_commit * commits == _floor(tables)

@@ -42,6 +42,7 @@ from poison_pipeline.engine.session import build_session  # noqa: E402
 from poison_pipeline.operations.maintenance import maintain  # noqa: E402
 from poison_pipeline.storage import schemas  # noqa: E402
 from poison_pipeline.storage.tables import ATTEMPTS, QueueTables  # noqa: E402
+from poison_pipeline.storage.writer import queue_writer  # noqa: E402
 
 TARGET_RATIO = 1.3
 WINDOW_DAYS = 7
@@ -96,11 +97,12 @@ def seed_history(tables: QueueTables, processed: int, attempts: int, per_cycle: 
     the number of cycles (commits per ledger)."""
     cycles = max(1, -(-processed // per_cycle))
     per_attempts = -(-attempts // cycles)
-    for seq in range(cycles):
-        # Oldest first, the newest on today: every row inside the window.
-        at = now - timedelta(days=(WINDOW_DAYS - 1) * (cycles - 1 - seq) / max(1, cycles - 1))
-        tables.append(PROCESSED, processed_commit(seq, min(per_cycle, processed - seq * per_cycle), at))
-        tables.append(ATTEMPTS, attempts_commit(seq, min(per_attempts, attempts - seq * per_attempts), at))
+    with queue_writer(tables, "benchmark") as writer:
+        for seq in range(cycles):
+            # Oldest first, the newest on today: every row inside the window.
+            at = now - timedelta(days=(WINDOW_DAYS - 1) * (cycles - 1 - seq) / max(1, cycles - 1))
+            writer.append(PROCESSED, processed_commit(seq, min(per_cycle, processed - seq * per_cycle), at))
+            writer.append(ATTEMPTS, attempts_commit(seq, min(per_attempts, attempts - seq * per_attempts), at))
     return cycles
 
 

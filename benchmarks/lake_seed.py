@@ -44,6 +44,7 @@ from poison_pipeline.storage.enqueue import parse_texts, waiting_rows
 from poison_pipeline.storage.intake import _BATCH_KEY, ENQUEUE, ensure_intake
 from poison_pipeline.storage.message_ids import note_ids
 from poison_pipeline.storage.tables import INTAKE, WRITER, QueueTables
+from poison_pipeline.storage.writer import LeaseFreeAppender
 
 _PART = "_seed_file"
 _CHUNK = 500  # appends written per delta-rs call: bounds the writer's open files and memory
@@ -182,7 +183,7 @@ def seed_enqueues(declaration: Declaration, queue: str, batches: Sequence[Sequen
     one_place check, and its intake row (one commit each). Returns the messages seeded."""
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
-    ensure_intake(tables)
+    ensure_intake(LeaseFreeAppender(tables))
     policy = declaration.queue(queue).policy
     inbound: list[pa.Table] = []
     intake: list[pa.Table] = []

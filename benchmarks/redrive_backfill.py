@@ -32,6 +32,7 @@ from poison_pipeline.operations.redrive import redrive  # noqa: E402
 from poison_pipeline.operations.selection import Selection  # noqa: E402
 from poison_pipeline.storage import schemas  # noqa: E402
 from poison_pipeline.storage.tables import QueueTables  # noqa: E402
+from poison_pipeline.storage.writer import queue_writer  # noqa: E402
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 
@@ -75,7 +76,8 @@ def run(days: int, per_day: int, rounds: int, workdir: str) -> dict[str, Any]:
     template = Path(workdir) / "template"
     tables = QueueTables.of(_declaration(template), "q")
     tables.ensure()
-    tables.append("poison", _failures(days, per_day, today))
+    with queue_writer(tables, "benchmark") as writer:
+        writer.append("poison", _failures(days, per_day, today))
     start = (today - timedelta(days=days)).replace(hour=0)
     end = today.replace(hour=0)
     first, last = start.strftime("%Y-%m-%d"), (end - timedelta(days=1)).strftime("%Y-%m-%d")

@@ -55,6 +55,7 @@ from poison_pipeline.storage.events import append_events, events_cache, note_eve
 from poison_pipeline.storage.intake import record_intake  # noqa: E402
 from poison_pipeline.storage.message_ids import IDS, ids_cache, note_ids  # noqa: E402
 from poison_pipeline.storage.tables import EVENTS, INTAKE, QueueTables  # noqa: E402
+from poison_pipeline.storage.writer import queue_writer  # noqa: E402
 
 TARGET_MS = 1000.0
 SEEDED = "seeded.json"
@@ -74,15 +75,17 @@ def _texts(count: int) -> list[str]:
 
 def _fill_processed(tables: QueueTables, rows: int) -> None:
     now = datetime.now(UTC)
-    for part in range(10):
-        ids = [f"done-{part}-{i}" for i in range(rows // 10)]
-        batch = f"bench-processed-{part}"
-        data = pa.table({"message_id": ids, HASH_COLUMN: id_hashes(ids)})
-        data = schemas.project(data, schemas.PROCESSED, conversation_id=None, message_type="order",
-                               disposition="processed", from_table=INBOUND, batch_id=batch, total_abort_count=0,
-                               move_count=0, at=now, date=now.date().isoformat(), cycle_seq=part)
-        tables.append(PROCESSED, data)
-        record_intake(tables, "benchmark", batch, data.num_rows, now)
+    with queue_writer(tables, "benchmark") as writer:
+        for part in range(10):
+            ids = [f"done-{part}-{i}" for i in range(rows // 10)]
+            batch = f"bench-processed-{part}"
+            data = pa.table({"message_id": ids, HASH_COLUMN: id_hashes(ids)})
+            data = schemas.project(data, schemas.PROCESSED, conversation_id=None, message_type="order",
+                                   disposition="processed", from_table=INBOUND, batch_id=batch,
+                                   total_abort_count=0, move_count=0, at=now, date=now.date().isoformat(),
+                                   cycle_seq=part)
+            writer.append(PROCESSED, data)
+            record_intake(writer, "benchmark", batch, data.num_rows, now)
 
 
 def _events(first: int, count: int) -> list[pa.Table]:
@@ -110,8 +113,9 @@ def seed(declaration: Declaration, workdir: str, messages: int, files: int, fail
     fill_failed(declaration, failed)
     _fill_processed(tables, failed)
     if through_enqueue:
-        for table in _events(0, events):
-            append_events(tables, table)
+        with queue_writer(tables, "benchmark") as writer:
+            for table in _events(0, events):
+                append_events(writer, table)
     else:
         appended = _events(0, events)
         for name, table in zip(seed_appends(tables.uri(EVENTS), appended, [None] * events, workdir), appended,
@@ -127,8 +131,9 @@ def seed_differences(workdir: str, seeded: Declaration, enqueues: int, events: i
     tables = QueueTables.of(reference, QUEUE)
     for _ in range(enqueues):
         enqueue(reference, QUEUE, _texts(PER_ENQUEUE))
-    for table in _events(0, events):
-        append_events(tables, table)
+    with queue_writer(tables, "benchmark") as writer:
+        for table in _events(0, events):
+            append_events(writer, table)
     mine = QueueTables.of(seeded, QUEUE)
     found = {}
     for name, cache, schema, real, seeded_count in (

@@ -9,6 +9,7 @@ from multiprocessing import Queue
 from poison_pipeline.domain.declaration import parse_declaration
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import INBOUND, QueueTables
+from poison_pipeline.storage.writer import queue_writer
 
 
 def declaration(lake: str):
@@ -25,8 +26,9 @@ def enqueue_each(lake: str, prefix: str, count: int, errors: Queue) -> None:
 
 def delete_each(lake: str, batches: list[str], errors: Queue) -> None:
     tables = QueueTables.of(declaration(lake), "q")
-    for batch in batches:
-        try:
-            tables.remove_batches(INBOUND, [batch])
-        except Exception as error:  # noqa: BLE001
-            errors.put(f"delete {batch}: {type(error).__name__}: {error}")
+    with queue_writer(tables, "inbound cycle") as writer:  # a cycle's deletes: under the queue's lease
+        for batch in batches:
+            try:
+                writer.remove_batches(INBOUND, [batch])
+            except Exception as error:  # noqa: BLE001
+                errors.put(f"delete {batch}: {type(error).__name__}: {error}")

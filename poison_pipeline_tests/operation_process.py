@@ -121,13 +121,15 @@ def _from_delta_rs(called: Any) -> bool:
 
 def _label(log: Path, name: str) -> str:
     """`queue/table OPERATION [mode] [txn app@version]`, from the commit's own log entry; for the actions
-    ledger, also the action ids and states the commit wrote (begin, finish and undone look alike else)."""
+    ledger, also the action ids and states the commit wrote (begin, finish and undone look alike else).
+    The lease's fence (`poison_pipeline/<queue>/fence` at the lease's epoch, storage/writer.py) is
+    left out: a writer's commits all carry it, at an epoch that differs from run to run."""
     info: dict[str, Any] = {}
     txns, added = [], []
     for line in (log / name).read_text().splitlines():
         action = json.loads(line)
         info = action.get("commitInfo", info)
-        if "txn" in action:
+        if "txn" in action and not action["txn"]["appId"].endswith("/fence"):
             txns.append(f"{action['txn']['appId']}@{action['txn']['version']}")
         if "add" in action:
             added.append(log.parent / unquote(action["add"]["path"]))

@@ -10,6 +10,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import PROCESSED
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
+from poison_pipeline.storage.writer import queue_writer
 
 HANDLER = "poison_pipeline_tests.handlers:scripted"
 
@@ -24,6 +25,12 @@ def send(declaration: Declaration, bodies: dict[str, dict[str, Any]], **extra: A
                for mid, body in bodies.items()]
     result = enqueue(declaration, "q", records)
     assert not result.refused, result.refused
+
+
+def seed(tables: QueueTables, table: str, data: Any, **options: Any) -> bool:
+    """Append `data` to `table` as the holder of the queue's lease would (a test's rows, put in place)."""
+    with queue_writer(tables, "test", run_id="test-seed") as writer:
+        return writer.append(table, data, **options)
 
 
 def rows(declaration: Declaration, table: str, name: str = "q") -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.operations.actions import DONE, PLANNED, begin_action, find_action, list_actions
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables
+from poison_pipeline.storage.writer import queue_writer
 from poison_pipeline_tests.test_cli import write_config, write_jsonl
 
 
@@ -46,7 +47,8 @@ def test_enable_and_end_conversation_are_recorded_with_actor_counts_and_versions
 
 def test_beginning_an_action_again_with_its_id_returns_the_recorded_one(tmp_path):
     tables = QueueTables.of(load_declaration(write_config(tmp_path)), "q")
-    first = begin_action(tables, "redrive", "alice", {"from": "poison"}, [(tables, "poison")], action_id="r-1")
-    again = begin_action(tables, "redrive", "bob", {"from": "dead_letter"}, [], action_id="r-1")
+    with queue_writer(tables, "test") as writer:
+        first = begin_action(writer, "redrive", "alice", {"from": "poison"}, [(tables, "poison")], action_id="r-1")
+        again = begin_action(writer, "redrive", "bob", {"from": "dead_letter"}, [], action_id="r-1")
     assert again == first and find_action(tables, "r-1").state == PLANNED
     assert len(tables.open("actions").to_pyarrow_table()) == 1

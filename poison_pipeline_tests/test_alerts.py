@@ -23,7 +23,7 @@ from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, set_enabl
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 from poison_pipeline_tests import alert_hooks
 from poison_pipeline_tests.conftest import SPARK
-from poison_pipeline_tests.support import queue, rows, send
+from poison_pipeline_tests.support import queue, rows, seed, send
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 RECORD = "poison_pipeline_tests.alert_hooks:record"
@@ -62,7 +62,7 @@ def disabled_events(declaration: Declaration) -> list[dict[str, Any]]:
 
 
 def append_events(declaration: Declaration, *events: dict[str, object]) -> None:
-    QueueTables.of(declaration, "q").append(EVENTS, pa.Table.from_pylist(list(events), schema=schemas.EVENTS))
+    seed(QueueTables.of(declaration, "q"), EVENTS, pa.Table.from_pylist(list(events), schema=schemas.EVENTS))
 
 
 def run_alert(declaration: Declaration, request: RunRequest) -> Any:

@@ -25,8 +25,9 @@ from poison_pipeline.operations.inspect_message import inspect_message
 from poison_pipeline.operations.status import format_status, queue_status
 from poison_pipeline.storage.enqueue import enqueue, message_rows
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
+from poison_pipeline.storage.writer import QueueWriter
 from poison_pipeline_tests import conversation_hooks
-from poison_pipeline_tests.support import rows, table_versions
+from poison_pipeline_tests.support import rows, seed, table_versions
 
 HANDLER = "poison_pipeline_tests.handlers:scripted"
 RECORD = "poison_pipeline_tests.conversation_hooks:record"
@@ -72,7 +73,7 @@ def place(declaration: Declaration, table: str, records: list[dict[str, Any]], b
     tables = QueueTables.of(declaration, "q")
     tables.ensure()
     envelopes = [parse_envelope(r, NOW) for r in records]
-    tables.append(table, message_rows(envelopes, batch_id, NOW))
+    seed(tables, table, message_rows(envelopes, batch_id, NOW))
 
 
 @pytest.fixture
@@ -179,9 +180,9 @@ def test_a_cycle_taking_the_batches_meanwhile_makes_the_removal_fail_loudly(
 ) -> None:
     original = conversations._delete_moved
 
-    def cycle_first(tables: QueueTables, table: str, *args: Any) -> None:
-        tables.remove_batches(table, args[-1])  # what a cycle's commit does with the batches it took
-        original(tables, table, *args)
+    def cycle_first(writer: QueueWriter, table: str, *args: Any) -> None:
+        writer.remove_batches(table, args[-1])  # what a cycle's commit does with the batches it took
+        original(writer, table, *args)
 
     monkeypatch.setattr(conversations, "_delete_moved", cycle_first)
     with pytest.raises(DeltaError, match="concurrent transaction deleted data this operation read"):

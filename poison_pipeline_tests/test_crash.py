@@ -12,7 +12,7 @@ import pytest
 from poison_pipeline.domain.declaration import parse_declaration
 from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.engine.cycle import run_cycle
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import QueueWriter
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.support import at_step, places, queue, rows, send
 
@@ -24,7 +24,7 @@ class Crash(Exception):
 # journal planned, staged; attempts, dead_letter, processed, retry_1; events; delete; journal done
 STEPS = 9
 # Where a cycle's durable steps are made: its journal writes, its table commits, its delete.
-CYCLE_STEPS = ((QueueTables, "append"), (QueueTables, "remove_batches"), (cycle_module, "write_entry"))
+CYCLE_STEPS = ((QueueWriter, "append"), (QueueWriter, "remove_batches"), (cycle_module, "write_entry"))
 
 
 def scenario(lake: Path, **settings: object):

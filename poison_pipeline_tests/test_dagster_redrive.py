@@ -38,6 +38,7 @@ from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import Committer
 from poison_pipeline_tests.dagster_support import (
     QUIET,
     copy_lake,
@@ -186,10 +187,10 @@ def test_re_executing_a_run_that_failed_half_way_completes_it_without_moving_any
     config = str(write_config(lake, tmp_path / "config.yaml"))
     job = build_reconstructable_job("poison_pipeline_tests.dagster_support", "job_of",
                                     reconstructable_args=(config, redrive_job_name("q")))
-    original = QueueTables.append
+    original = Committer.append
     appended: list[int] = []
 
-    def dies_after_one_chunk(self: QueueTables, table: str, *args: Any, **kwargs: Any) -> Any:
+    def dies_after_one_chunk(self: Committer, table: str, *args: Any, **kwargs: Any) -> Any:
         if table == "inbound":
             if appended:
                 raise Crash("killed after the first chunk")
@@ -201,9 +202,9 @@ def test_re_executing_a_run_that_failed_half_way_completes_it_without_moving_any
     home = tmp_path / "dagster_home"
     home.mkdir()
     with instance_for_test(temp_dir=str(home)) as instance:
-        monkeypatch.setattr(QueueTables, "append", dies_after_one_chunk)
+        monkeypatch.setattr(Committer, "append", dies_after_one_chunk)
         first = execute_job(job, instance, run_config=selected, tags=days(2, 2))
-        monkeypatch.setattr(QueueTables, "append", original)
+        monkeypatch.setattr(Committer, "append", original)
         assert not first.success and "killed after the first chunk" in "".join(
             e.step_failure_data.error.to_string() for e in first.all_events if e.is_step_failure)
         assert len(rows(lake, "inbound")) == 1 and len(rows(lake, "poison")) == 4  # half done: day 2 not removed

@@ -21,7 +21,7 @@ from poison_pipeline.engine.id_hashes import id_hash
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.recording_handlers import read_lines
-from poison_pipeline_tests.support import attempts_of, places, queue, rows, send
+from poison_pipeline_tests.support import attempts_of, places, queue, rows, seed, send
 from poison_pipeline_tests.test_ordering import msg, ordered_queue, put
 
 # Written by the ledger before it kept id hashes.
@@ -104,7 +104,7 @@ def test_an_id_whose_hash_collides_with_a_processed_one_is_delivered(spark, make
     run_cycle(spark, declaration, "q", "inbound")
     tables = QueueTables.of(declaration, "q")
     # Another id with the very hash of "c": a collision, forced.
-    tables.append(PROCESSED, _ledger_rows({"not-c": "processed"}, schemas.PROCESSED, id_hash=[id_hash("c")]))
+    seed(tables, PROCESSED, _ledger_rows({"not-c": "processed"}, schemas.PROCESSED, id_hash=[id_hash("c")]))
     send(declaration, {"c": {}, "a": {}})
     report = run_cycle(spark, declaration, "q", "inbound")
     assert report.counts == {**report.counts, "duplicate": 1, "processed": 1}

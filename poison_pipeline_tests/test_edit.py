@@ -19,6 +19,7 @@ from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edits
 from poison_pipeline.operations.inspect_message import inspect_message
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import Committer, QueueWriter
 from poison_pipeline_tests.support import places, rows, table_versions
 
 RECORDING = "poison_pipeline_tests.recording_handlers:recording"
@@ -100,8 +101,8 @@ STEPS = ["begin", "record", "plan", "append", "remove", "redrive_done", "finish"
 def test_killed_at_each_step_and_run_again_it_completes_once(lake, monkeypatch, step):
     declaration, log = lake
     targets = {"begin": (edit_module, "begin_action"), "record": (edit_module, "_record"),
-               "plan": (redrive_module, "write_plan"), "append": (QueueTables, "append"),
-               "remove": (QueueTables, "replace_batches"), "redrive_done": (redrive_module, "finish_action"),
+               "plan": (redrive_module, "write_plan"), "append": (Committer, "append"),
+               "remove": (QueueWriter, "replace_batches"), "redrive_done": (redrive_module, "finish_action"),
                "finish": (edit_module, "finish_action")}
     owner, name = targets[step]
     original = getattr(owner, name)

@@ -25,7 +25,8 @@ from poison_pipeline.storage.events import append_events, events_after, events_c
 from poison_pipeline.storage.files import files_dataset, rows_where_in
 from poison_pipeline.storage.message_ids import ids_cache, note_ids
 from poison_pipeline.storage.tables import EVENTS, QueueTables
-from poison_pipeline_tests.support import queue, send
+from poison_pipeline.storage.writer import queue_writer
+from poison_pipeline_tests.support import queue, seed, send
 
 
 def _failed_event(seq: int) -> pa.Table:
@@ -63,7 +64,7 @@ def test_a_lookup_opens_only_the_files_whose_statistics_may_hold_it(make_declara
     send(declaration, {"a": {}})
     tables = QueueTables.of(declaration, "q")
     for seq in range(3):
-        tables.append(EVENTS, _failed_event(seq))
+        seed(tables, EVENTS, _failed_event(seq))
     assert set_enabled(tables, False, "ops", "database down")
     events = tables.open(EVENTS)
     # The failure events' files are gone from disk: a lookup that opened them would fail.
@@ -85,7 +86,7 @@ def test_a_queue_never_disabled_is_enabled_whatever_its_other_events(make_declar
     send(declaration, {"a": {}})
     tables = QueueTables.of(declaration, "q")
     for seq in range(3):
-        tables.append(EVENTS, _failed_event(seq))
+        seed(tables, EVENTS, _failed_event(seq))
     assert queue_state(tables).enabled
 
 
@@ -97,10 +98,11 @@ def test_a_first_alert_evaluation_takes_the_events_their_writers_noted(make_decl
     declaration = make_declaration(queue())
     send(declaration, {"a": {}})
     tables = QueueTables.of(declaration, "q")
-    for seq in range(3):
-        assert append_events(tables, _failed_event(seq), app_id="cycle-app", version=seq)
-    assert not append_events(tables, _failed_event(2), app_id="cycle-app", version=2)
-    tables.append(EVENTS, _failed_event(3))  # written without a note (an older version's cycle)
+    with queue_writer(tables, "test") as writer:
+        for seq in range(3):
+            assert append_events(writer, _failed_event(seq), app_id="cycle-app", version=seq)
+        assert not append_events(writer, _failed_event(2), app_id="cycle-app", version=2)
+        writer.append(EVENTS, _failed_event(3))  # written without a note (an older version's cycle)
     set_enabled(tables, False, "test", "inventory database down")  # another kind
     noted = [os.path.join(tables.uri(EVENTS), unquote(p)) for p in
              pa.table(tables.open(EVENTS).get_add_actions())["path"].to_pylist()]
@@ -203,10 +205,11 @@ def test_one_place_is_exact_whatever_its_cache_holds(make_declaration):
     assert check_one_place(tables).passed
     waiting = tables.open("inbound").to_pyarrow_table()
     batch = waiting.filter(pc.equal(waiting["message_id"], "m0-0"))["batch_id"][0].as_py()
-    tables.append("retry_1", waiting.filter(pc.equal(waiting["batch_id"], batch)))
+    seed(tables, "retry_1", waiting.filter(pc.equal(waiting["batch_id"], batch)))
     outcome = check_one_place(tables)
     assert not outcome.passed and outcome.metadata["in_two_places"] == 3
-    tables.remove_batches("inbound", [batch])  # the cached file leaves the log
+    with queue_writer(tables, "test") as writer:
+        writer.remove_batches("inbound", [batch])  # the cached file leaves the log
     assert check_one_place(tables).passed
     rest = sorted(f"m{p}-{i}" for p in (1, 2) for i in range(3))
     assert sorted(message_ids(tables, "inbound").to_pylist()) == rest

@@ -37,6 +37,7 @@ from poison_pipeline.operations.groups import (
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.support import seed
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 SIG_A = "0123456789abcdef"
@@ -279,8 +280,8 @@ def test_the_dead_letter_asset_carries_its_failure_groups(make_declaration) -> N
     declaration = make_declaration({"q": MOVE_AT_ONCE})
     tables = QueueTables.of(declaration, "q")
     tables.ensure()
-    tables.append("dead_letter", _rows("dead_letter", _failure("a1", 1, SIG_A), _failure("a2", 2, SIG_A),
-                                       _failure("x1", 3, None, reason="expired")))
+    seed(tables, "dead_letter", _rows("dead_letter", _failure("a1", 1, SIG_A), _failure("a2", 2, SIG_A),
+                                      _failure("x1", 3, None, reason="expired")))
     [dead_letter] = [a for a in queue_assets(declaration, "q") if a.key == asset_key("q", "dead_letter")]
     with DagsterInstance.ephemeral() as instance:
         result = materialize([dead_letter], instance=instance)

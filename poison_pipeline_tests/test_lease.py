@@ -27,6 +27,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, LeaseHeld, LeaseLost
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import Fenced, queue_writer
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.recording_handlers import read_lines
 from poison_pipeline_tests.support import places
@@ -69,13 +70,13 @@ def wait_for(condition, timeout: float = 120.0) -> None:
         time.sleep(0.1)
 
 
-def from_another_thread(folder: Path, **options: Any) -> BaseException | None:
-    """Take and release the queue's lease in another thread (a thread re-enters a lease it holds)."""
+def from_another_thread(folder: Path, settings: LeaseSettings = QUICK, **options: Any) -> BaseException | None:
+    """Take and release the queue's lease in another thread (a thread re-enters a writer it holds)."""
     failure: list[BaseException] = []
 
     def take() -> None:
         try:
-            with tables(folder).lease("enable", **options):
+            with queue_writer(tables(folder, settings), "enable", **options):
                 pass
         except LeaseHeld as error:
             failure.append(error)
@@ -90,7 +91,7 @@ def from_another_thread(folder: Path, **options: Any) -> BaseException | None:
 
 def test_a_second_starter_waits_then_fails_naming_the_holder(tmp_path):
     seen: list[Holder] = []
-    with tables(tmp_path).lease("inbound cycle", run_id="run-42"):
+    with queue_writer(tables(tmp_path), "inbound cycle", run_id="run-42"):
         started = time.monotonic()
         error = from_another_thread(tmp_path, on_wait=seen.append)
         waited = time.monotonic() - started
@@ -105,9 +106,9 @@ def test_a_second_starter_waits_then_fails_naming_the_holder(tmp_path):
 def test_a_second_starter_gets_the_lease_when_the_holder_releases_it(tmp_path):
     patient = tables(tmp_path, LeaseSettings(wait="20s", expiry="2s"))
     order: list[str] = []
-    with tables(tmp_path).lease("inbound cycle", run_id="first"):
+    with queue_writer(tables(tmp_path), "inbound cycle", run_id="first"):
         def second() -> None:
-            with patient.lease("enable", run_id="second"):
+            with queue_writer(patient, "enable", run_id="second"):
                 order.append("second")
 
         other = threading.Thread(target=second)
@@ -118,8 +119,9 @@ def test_a_second_starter_gets_the_lease_when_the_holder_releases_it(tmp_path):
     assert order == ["first done", "second"]
 
 
-def test_the_lease_is_reentrant_in_one_thread(tmp_path):
-    with tables(tmp_path).lease("inbound cycle") as outer, tables(tmp_path).lease("end-conversation") as inner:
+def test_the_writer_is_reentrant_in_one_thread(tmp_path):
+    with queue_writer(tables(tmp_path), "inbound cycle") as outer, \
+            queue_writer(tables(tmp_path), "end-conversation") as inner:
         assert inner is outer
 
 
@@ -131,7 +133,7 @@ def test_a_lease_that_is_not_renewed_expires_and_its_holder_learns_it_lost_it(tm
     lease._stop.set()
     lease._renewer.join()
     started = time.monotonic()
-    with tables(tmp_path, LeaseSettings(wait="10s", expiry="600ms")).lease("inbound cycle", run_id="next"):
+    with queue_writer(tables(tmp_path, LeaseSettings(wait="10s", expiry="600ms")), "inbound cycle", run_id="next"):
         took = time.monotonic() - started
         lease.renew()
         with pytest.raises(LeaseLost, match="taken over by run next"):
@@ -140,7 +142,8 @@ def test_a_lease_that_is_not_renewed_expires_and_its_holder_learns_it_lost_it(tm
 
 
 def test_renewals_keep_a_long_holder_s_lease(tmp_path):
-    with tables(tmp_path).lease("inbound cycle", run_id="long") as lease:
+    with queue_writer(tables(tmp_path), "inbound cycle", run_id="long") as writer:
+        lease = writer.lease
         time.sleep(2.0)  # more than three expiries of 600ms
         lease.check()
         assert isinstance(from_another_thread(tmp_path), LeaseHeld)
@@ -154,7 +157,7 @@ def test_two_starters_that_see_the_released_lease_at_the_same_moment_never_both_
                                                                                        released_by):
     # Found by the soak: two scripts waiting for a cycle both took the lease it released, and both
     # delivered the same messages. Here both read the released lease before either writes.
-    with tables(tmp_path).lease("inbound cycle", run_id="first"):
+    with queue_writer(tables(tmp_path), "inbound cycle", run_id="first"):
         pass
     if released_by != "this version":
         write_deltalake(tables(tmp_path).uri(LEASE_TABLE), pa.Table.from_pylist([], schema=schemas.LEASE),
@@ -175,7 +178,7 @@ def test_two_starters_that_see_the_released_lease_at_the_same_moment_never_both_
 
     def start(name: str) -> None:
         try:
-            with tables(tmp_path, LeaseSettings(wait="1s", expiry="30s")).lease("inbound cycle", run_id=name):
+            with queue_writer(tables(tmp_path, LeaseSettings(wait="1s", expiry="30s")), "inbound cycle", run_id=name):
                 inside.append(name)
                 time.sleep(2.0)  # longer than the other's wait: it must not get in meanwhile
                 outcomes[name] = "held"
@@ -255,19 +258,33 @@ def test_a_command_against_a_running_cycle_waits_then_fails_naming_it_and_works_
 
 
 def test_a_writer_that_lost_its_lease_commits_nothing_more(tmp_path):
-    """Operator commands too (not only cycles): every commit to a queue's tables first checks the
-    lease of a thread that holds it, so a command paused past the expiry stops instead of writing."""
+    """Operator commands too (not only cycles): every commit to a queue's tables goes through the
+    writer of its lease, fenced by the lease's epoch, so a command paused past the expiry stops
+    instead of writing: refused by its own check, and by the storage where it paused past that."""
     queue = tables(tmp_path)
     queue.ensure()
     row = pa.Table.from_pylist([], schema=schemas.MESSAGE)
-    with queue.lease("redrive", run_id="paused") as lease:
+    with queue_writer(queue, "redrive", run_id="paused") as writer:
+        lease = writer.lease
         lease._stop.set()  # paused: the renewals stop
         lease._renewer.join()
-        time.sleep(2 * QUICK.expiry.total_seconds() + 0.2)  # long dead by its stamp: taken at once
-        assert from_another_thread(tmp_path, run_id="next") is None  # took the expired lease, released it
-        before = queue.open("inbound").version()
+        # The waiter takes the lease once it watched it unrenewed for lease.expiry on its own clock
+        # (never at once by the holder's stamp), fencing the paused holder out of every table.
+        patient = LeaseSettings(wait="10s", expiry=QUICK.expiry)
+        assert from_another_thread(tmp_path, patient, run_id="next") is None  # took the lease, released it
+        before = {name: queue.open(name).version() for name in ("inbound", "journal", "actions")}
         with pytest.raises(LeaseLost, match="this run \\(paused\\) stops before committing"):
-            queue.append("inbound", row)
-        with pytest.raises(LeaseLost):
-            queue.replace_batches("inbound", ["b1"], keep=pads.field("message_id").is_valid())
-        assert queue.open("inbound").version() == before
+            writer.replace_batches("inbound", ["b1"], keep=pads.field("message_id").is_valid())
+        with pytest.raises(LeaseLost, match="this run \\(paused\\) stops before committing"):
+            writer.check()
+        # A holder paused between its check and its commit: the storage refuses it all the same.
+        lease._lost, lease._renewed = None, time.monotonic()
+        writer.check()
+        with pytest.raises(Fenced, match="the lease of queue 'q' was taken over"):
+            writer.append("inbound", row)
+        with pytest.raises(Fenced):
+            writer.replace_batches("inbound", ["b1"], keep=pads.field("message_id").is_valid())
+        with pytest.raises(Fenced):
+            writer.overwrite_where("actions", pa.Table.from_pylist([], schema=schemas.ACTIONS), "action_id = 'x'",
+                                   "recording an action")
+        assert {name: queue.open(name).version() for name in before} == before

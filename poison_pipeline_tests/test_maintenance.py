@@ -25,7 +25,8 @@ from poison_pipeline.operations.checks import check_conservation
 from poison_pipeline.operations.maintenance import RetentionTooShort, maintain, retention_hours
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.undo import undo
-from poison_pipeline.storage.tables import QueueTables, _whole_file_removes
+from poison_pipeline.storage.tables import QueueTables, whole_file_removes
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 from poison_pipeline_tests.dagster_support import QUIET
 from poison_pipeline_tests.support import places, queue, rows, send
 
@@ -125,14 +126,14 @@ def test_a_table_whose_cycle_was_interrupted_is_left_for_the_cycle_that_recovers
     tables = QueueTables.of(declaration, "q")
     for b in range(3):
         send(declaration, {f"a{b}": {}})
-    append = QueueTables.append
+    append = QueueWriter.append
 
-    def killed_at_processed(self: QueueTables, table: str, *args: Any, **kwargs: Any) -> bool:
+    def killed_at_processed(self: QueueWriter, table: str, *args: Any, **kwargs: Any) -> bool:
         if table == "processed":
             raise RuntimeError("killed while committing the processed ledger")
         return append(self, table, *args, **kwargs)
 
-    monkeypatch.setattr(QueueTables, "append", killed_at_processed)
+    monkeypatch.setattr(QueueWriter, "append", killed_at_processed)
     with pytest.raises(RuntimeError, match="killed"):
         run_cycle(spark, declaration, "q", "inbound")
     monkeypatch.undo()
@@ -169,13 +170,15 @@ def test_taken_batches_leave_whether_they_have_files_of_their_own_or_share_a_com
         return {batch: sorted(ids) for batch, ids in found.items()}
 
     by_id = {ids[0]: batch for batch, ids in batches().items()}
-    tables.remove_batches("inbound", [by_id["m0-0"]])
+    with queue_writer(tables, "test") as writer:
+        writer.remove_batches("inbound", [by_id["m0-0"]])
     maintain(declaration, "q", vacuum=False)
     assert len(tables.open("inbound").file_uris()) == 1
-    tables.remove_batches("inbound", [by_id["m1-0"], "never-enqueued"])  # part of the compacted file
-    assert sorted(batches().values()) == [["m2-0", "m2-1"], ["m3-0", "m3-1"]]
-    tables.remove_batches("inbound", [by_id["m2-0"], by_id["m3-0"]])  # all of it
-    tables.remove_batches("inbound", [by_id["m2-0"]])  # again: nothing changes
+    with queue_writer(tables, "test") as writer:
+        writer.remove_batches("inbound", [by_id["m1-0"], "never-enqueued"])  # part of the compacted file
+        assert sorted(batches().values()) == [["m2-0", "m2-1"], ["m3-0", "m3-1"]]
+        writer.remove_batches("inbound", [by_id["m2-0"], by_id["m3-0"]])  # all of it
+        writer.remove_batches("inbound", [by_id["m2-0"]])  # again: nothing changes
     assert batches() == {} and tables.open("inbound").file_uris() == []
 
 
@@ -184,8 +187,8 @@ def test_a_file_holding_rows_of_no_batch_beside_a_taken_one_is_not_dropped_whole
     write_deltalake(str(tmp_path / "t"), pa.table({"batch_id": ["x", None, "x"], "v": [1, 2, 3]}))
     target = DeltaTable(str(tmp_path / "t"))
     read = lambda paths: pa.table({"batch_id": ["x", None, "x"], "file": [0, 0, 0]})  # noqa: E731
-    assert _whole_file_removes(target, pa.array(["x"]), read) is None  # delta-rs's delete rewrites it
-    assert _whole_file_removes(target, pa.array(["y"]), read) == []
+    assert whole_file_removes(target, pa.array(["x"]), read) is None  # delta-rs's delete rewrites it
+    assert whole_file_removes(target, pa.array(["y"]), read) == []
 
 
 def test_maintain_from_the_command_line(tmp_path: Path, capsys) -> None:

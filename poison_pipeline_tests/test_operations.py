@@ -18,7 +18,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline_tests.support import table_versions
+from poison_pipeline_tests.support import seed, table_versions
 
 HANDLER = "poison_pipeline_tests.handlers:scripted"
 # Two cycles (inbound, then retry_1 with no delay) so a failing message has history in two tables.
@@ -123,8 +123,8 @@ def test_status_counts_dispositions_of_files_that_mix_them(make_declaration) -> 
                  "date": "2030-01-01", "cycle_seq": 1} for i, d in enumerate(dispositions)]
         return pa.Table.from_pylist(rows, schema=schemas.PROCESSED)
 
-    tables.append("processed", ledger("processed", "processed", "processed"))  # one value: the log says
-    tables.append("processed", ledger("processed", "duplicate", "dropped", "duplicate"))  # mixed: read
+    seed(tables, "processed", ledger("processed", "processed", "processed"))  # one value: the log says
+    seed(tables, "processed", ledger("processed", "duplicate", "dropped", "duplicate"))  # mixed: read
 
     status = queue_status(declaration, "q", at)
 

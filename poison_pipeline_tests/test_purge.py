@@ -27,6 +27,7 @@ from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, apply_
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import Committer, QueueWriter
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.support import rows, table_versions
 from poison_pipeline_tests.test_operation_crash import COMMITS
@@ -198,7 +199,7 @@ STEPS = ["begin", "plan", "ledger", "remove", "finish"]
 def test_killed_at_each_step_and_run_again_nothing_is_lost_or_deleted_twice(lake, monkeypatch, step, with_id):
     declaration, _ = lake
     targets = {"begin": (purge_module, "begin_action"), "plan": (purge_module, "write_plan"),
-               "ledger": (QueueTables, "append"), "remove": (QueueTables, "replace_batches"),
+               "ledger": (Committer, "append"), "remove": (QueueWriter, "replace_batches"),
                "finish": (purge_module, "finish_action")}
     owner, name = targets[step]
     original = getattr(owner, name)

@@ -25,8 +25,9 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.lease import Lease, LeaseHeld, LeaseLost
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import Committer, QueueWriter
 from poison_pipeline_tests.recording_handlers import read_lines
-from poison_pipeline_tests.support import places, rows, table_versions
+from poison_pipeline_tests.support import places, rows, seed, table_versions
 
 RECORDING = "poison_pipeline_tests.recording_handlers:recording"
 POLICY = {"receive_retry_count": 1, "max_retry_cycles": 0, "retry_cycle_delay": 0,
@@ -137,7 +138,7 @@ def test_messages_the_target_already_processed_are_skipped(spark, lake):
     # A copy of db-0 is still in poison (say, an operator restored it): the target processed it already.
     tables = QueueTables.of(declaration, "q")
     copy = [{**r, "message_id": "db-0", "batch_id": "restored"} for r in rows(declaration, "poison")[:1]]
-    tables.append("poison", pa.Table.from_pylist(copy, schema=schemas.MESSAGE))
+    seed(tables, "poison", pa.Table.from_pylist(copy, schema=schemas.MESSAGE))
     result = redrive(declaration, "q", "poison", Selection(ids=("db-0",)), redrive_id="second")
     assert (result.moved, result.skipped_processed) == (0, 1)
 
@@ -168,8 +169,8 @@ STEPS = ["plan", "append", "remove", "finish"]
 @pytest.mark.parametrize("step", STEPS)
 def test_killed_at_each_step_and_run_again_it_completes_without_moving_anything_twice(lake, monkeypatch, step):
     declaration, _ = lake
-    targets = {"plan": (redrive_module, "write_plan"), "append": (QueueTables, "append"),
-               "remove": (QueueTables, "replace_batches"), "finish": (redrive_module, "finish_action")}
+    targets = {"plan": (redrive_module, "write_plan"), "append": (Committer, "append"),
+               "remove": (QueueWriter, "replace_batches"), "finish": (redrive_module, "finish_action")}
     owner, name = targets[step]
     original = getattr(owner, name)
 

@@ -12,6 +12,7 @@ from poison_pipeline.defs.sensors import decide_transmission, transmission_senso
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
+from poison_pipeline_tests.support import seed
 
 NOW = datetime(2026, 11, 21, 12, tzinfo=UTC)
 ACCEPT = "poison_pipeline_tests.handlers:accept"
@@ -28,7 +29,7 @@ def pending(declaration, deadline: datetime | None) -> None:
            "message_type": "ship", "body": b"{}", "encoding": "json", "enqueued_at": NOW, "sender": "orders",
            "headers": [], "source_message_id": "o1", "deadline": deadline, "original_conversation_id": "c1",
            "resend_count": 0, "batch_id": "tx-inbound-1"}
-    tables.append(TRANSMISSION, pa.Table.from_pylist([row], schema=schemas.TRANSMISSION))
+    seed(tables, TRANSMISSION, pa.Table.from_pylist([row], schema=schemas.TRANSMISSION))
 
 
 def evaluate(declaration, cursor: str | None) -> SensorResult:

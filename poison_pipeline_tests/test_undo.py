@@ -28,6 +28,7 @@ from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import UndoError, format_undo, undo
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import PURGED, QueueTables
+from poison_pipeline.storage.writer import queue_writer
 from poison_pipeline_tests.support import places, rows, table_versions
 from poison_pipeline_tests.test_redrive import lake  # noqa: F401 - the shared fixture
 
@@ -221,10 +222,10 @@ def test_undo_of_an_edit_killed_before_it_marked_the_edit_completes_once(lake, m
     edit_id = edited(declaration, log)
     real = undo_module.mark_undone
 
-    def die_on_the_edit(tables, action):
+    def die_on_the_edit(writer, action):
         if action.kind == "edit":
             raise Crash
-        return real(tables, action)
+        return real(writer, action)
 
     monkeypatch.setattr(undo_module, "mark_undone", die_on_the_edit)
     with pytest.raises(Crash):
@@ -323,7 +324,8 @@ def test_the_command_undoes_a_purge_and_refuses_bad_input_changing_nothing(lake,
     config = _config(declaration, tmp_path)
     done = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
     tables = QueueTables.of(declaration, "q")
-    begin_action(tables, "redrive", "dave", {"from": "poison"}, [(tables, "poison")], action_id="half-done")
+    with queue_writer(tables, "test") as writer:
+        begin_action(writer, "redrive", "dave", {"from": "poison"}, [(tables, "poison")], action_id="half-done")
     versions = table_versions(declaration)
     for args, problem in ((["nope"], "undo: error: no action 'nope' is recorded (see `poison-pipeline actions`)"),
                           (["half-done"], "action 'half-done' is planned: run it again with its id to complete "

@@ -20,8 +20,9 @@ every table of the queue. From then on the storage itself refuses the old holder
 it paused: Delta's conflict checker fails a commit whose app transaction another commit has set
 since its snapshot, and a snapshot that already shows a newer epoch is refused before writing.
 
-Leases are reentrant per thread: a cycle that holds its queue's lease can end a conversation or
-transmit on that queue without waiting for itself.
+A lease is not reentrant: storage/writer.py's `queue_writer` is (a thread that holds a queue's
+writer gets the same writer again), so a cycle that holds its queue's lease can end a conversation
+or transmit on that queue without waiting for itself.
 """
 
 from __future__ import annotations
