@@ -62,9 +62,9 @@ def default_actor() -> str:
         return "unknown"
 
 
-def new_action_id(kind: str, now: datetime | None = None) -> str:
+def new_action_id(kind: str) -> str:
     """A new id, unlike any other: a rerun of the same command with the same arguments is a new action."""
-    return f"{kind}-{(now or datetime.now(UTC)):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    return f"{kind}-{uuid.uuid4().hex[:12]}"
 
 
 def queue_recording(declaration: Declaration, action_id: str, other_than: str) -> str | None:

@@ -120,7 +120,7 @@ def edit(declaration: Declaration, message_id: str, body: bytes, headers: dict[s
             (owner := queue_recording(declaration, given_id, queue)) is not None:
         raise EditError(f"--id {given_id!r} is already used by an action of queue {owner!r}: an id names one "
                         "action of one queue; give another id. Nothing was changed.")
-    edit_id = given_id or new_action_id("edit", now)
+    edit_id = given_id or new_action_id("edit")
     actor = actor or default_actor()
     copies = _failed_copies(declaration, message_id, queue, source)
     recorded = _recorded_edit(declaration, edit_id, queue)

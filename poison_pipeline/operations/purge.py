@@ -157,7 +157,7 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
             result = _resume(declaration, writer, recorded)
             result.resumed = resumed
             return result
-        purge_id = purge_id or new_action_id(KIND, now)
+        purge_id = purge_id or new_action_id(KIND)
         rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id, now)
         result = _summary(rows, purge_id, queue, table, False, age, cutoff, actor)
         result.resumed = resumed

@@ -141,7 +141,7 @@ def redrive(declaration: Declaration, queue: str, source: str, selection: Select
     if given is not None and (owner := queue_recording(declaration, given, queue)) is not None:
         raise RedriveError(f"--id {given!r} is already used by an action of queue {owner!r}: an id names one "
                            "action of one queue; give another id. Nothing was changed.")
-    redrive_id = given or new_action_id(KIND, now)
+    redrive_id = given or new_action_id(KIND)
     tables = QueueTables.of(declaration, queue)
     if dry_run:
         # Nothing is written, not even the tables a first redrive would create.
