@@ -55,6 +55,7 @@ from pyspark.sql.pandas.types import from_arrow_schema  # noqa: E402
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration  # noqa: E402
 from poison_pipeline.engine import commit as commit_module  # noqa: E402
 from poison_pipeline.engine import cycle as cycle_module  # noqa: E402
+from poison_pipeline.engine import recovery as recovery_module  # noqa: E402
 from poison_pipeline.engine.batch import CycleSpec, Processor  # noqa: E402
 from poison_pipeline.engine.cycle import CycleReport, run_cycle  # noqa: E402
 from poison_pipeline.engine.dedup import SMALL_BATCH  # noqa: E402
@@ -270,7 +271,7 @@ def phase_clock(extra: Iterable[tuple[Any, str, str]] = ()) -> Iterator[dict[str
     wrap(cycle_module, "mark_ended", lambda *a, **k: "ended conversations: Spark marks (eager part)")
     wrap(cycle_module, "stage_on_spark",
          lambda *a, **k: "deliver+stage: spark job (read, Processor, write staging)")
-    wrap(cycle_module, "apply_staged", lambda *a, **k: "commit: apply_staged total")
+    wrap(recovery_module, "apply_staged", lambda *a, **k: "commit: apply_staged total")
     wrap(commit_module, "_attempt_rows", lambda *a, **k: "commit: build attempt rows (arrow)")
     wrap(QueueWriter, "append", lambda self, table, *a, **k: f"commit: delta append {table}")
     wrap(QueueWriter, "remove_batches", lambda self, table, *a, **k: f"commit: delta delete {table}")

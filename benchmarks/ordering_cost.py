@@ -43,6 +43,7 @@ from pyspark.sql.pandas.types import from_arrow_schema  # noqa: E402
 
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration  # noqa: E402
 from poison_pipeline.engine import cycle as cycle_module  # noqa: E402
+from poison_pipeline.engine import recovery as recovery_module  # noqa: E402
 from poison_pipeline.engine.batch import CycleSpec, Processor  # noqa: E402
 from poison_pipeline.engine.cycle import CycleReport, run_cycle  # noqa: E402
 from poison_pipeline.engine.ordering import in_conversation_order  # noqa: E402
@@ -59,7 +60,7 @@ CHECKED = ("messages", "processed", "moved", "attempts")
 # Also time these inside run_cycle (--phases), besides what cycle_throughput.phase_clock times.
 EXTRA_PHASES = [
     (cycle_module, "blocked_conversations", "select: blocked conversations (delta-rs, ordered only)"),
-    (cycle_module, "end_failed_conversations", "conversations: end failed ones (staged read)"),
+    (recovery_module, "end_failed_conversations", "conversations: end failed ones (staged read)"),
 ]
 STAGING = "deliver+stage: spark job (read, Processor, write staging)"
 

