@@ -45,12 +45,12 @@ from poison_pipeline.storage import writer as writer_module
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.faults import StorageFailure
 from poison_pipeline.storage.intake import accepted_total, settle_intake
-from poison_pipeline.storage.tables import INBOUND, QueueTables
+from poison_pipeline.storage.tables import INBOUND, PLANS, QueueTables
 from poison_pipeline.storage.writer import LeaseFreeAppender
 from poison_pipeline_tests import concurrent_commits as cc
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.dagster_support import QUIET, failure_text
-from poison_pipeline_tests.support import at_step, places
+from poison_pipeline_tests.support import at_step, places, rows
 from poison_pipeline_tests.test_crash import STEPS, outcome, scenario
 
 # Below the product's own wording (storage/faults.writing): the calls that write to the lake.
@@ -193,8 +193,8 @@ def poisoned(spark, tmp_path_factory) -> Path:
     return lake
 
 
-# actions planned, plan, inbound, poison rewrite, actions done
-REDRIVE_COMMITS = 5
+# actions planned, plan (a row of the plans table), inbound, poison rewrite, actions done, plan removed
+REDRIVE_COMMITS = 6
 
 
 @pytest.mark.parametrize("step", range(1, REDRIVE_COMMITS + 1))
@@ -208,12 +208,15 @@ def test_a_redrive_fails_loudly_at_every_commit_point_and_completes_when_run_aga
         redrive(declaration, "q", "poison", Selection(), redrive_id="r1")
     monkeypatch.undo()
     assert len(called) == step
-    where = ["table actions", "_work/redrive/r1/plan", "table inbound", "table poison", "table actions"][step - 1]
+    where = ["appending to a table (table actions", "appending to a table (table plans",
+             "appending to a table (table inbound", "rewriting batches of a table (table poison",
+             "(table actions", "removing the plan of action r1 (table plans"][step - 1]
     _assert_loud(failed.value, code, where)
     result = redrive(declaration, "q", "poison", Selection(), redrive_id="r1")
     assert result.moved == 3 or step == REDRIVE_COMMITS, result
     assert places(declaration) == {f"p{i}": ["inbound"] for i in (1, 2, 3)}
     assert [(a.action_id, a.state) for a in list_actions(declaration, "q")] == [("r1", "done")]
+    assert rows(declaration, PLANS) == [], "a plan left behind"
     _balanced(declaration, 3)
 
 

@@ -22,6 +22,7 @@ from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edit_
 from poison_pipeline.operations.purge import PurgeError
 from poison_pipeline.operations.redrive import RedriveError, planned_rows, redrive
 from poison_pipeline.operations.undo import UndoError, find_recorded, undo
+from poison_pipeline.storage.plans import remove_finished_plans
 from poison_pipeline.storage.writer import QueueWriter
 
 # Redrives before edits (an edit completes through its own redrive) and undos last.
@@ -54,6 +55,9 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
         if (now := find_action(tables, action_id)) is not None and now.state != PLANNED:
             del outcome.left[action_id]
             outcome.completed.append(action_id)
+    # An action killed between its `done` record and its plan's removal left nothing but the plan.
+    remove_finished_plans(writer, lambda action_id: (now := find_action(tables, action_id)) is not None
+                          and now.state != PLANNED)
     return outcome
 
 

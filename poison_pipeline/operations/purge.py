@@ -68,7 +68,7 @@ from poison_pipeline.operations.selection import (
     selection_filter,
 )
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.plans import read_plan, remove_plan, write_plan
+from poison_pipeline.storage.plans import read_plan, remove_finished_plans, remove_plan, write_plan
 from poison_pipeline.storage.tables import ACTIONS, PURGED, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
@@ -252,7 +252,14 @@ def _complete_interrupted(declaration: Declaration, writer: QueueWriter, skip: s
         if action.action_id != skip:
             finish_interrupted(declaration, writer, action)
             done.append(action.action_id)
+    # A purge killed between its `done` record and its plan's removal: nothing left but the plan.
+    remove_finished_plans(writer, lambda action_id: _finished(tables, action_id))
     return done
+
+
+def _finished(tables: QueueTables, action_id: str) -> bool:
+    recorded = find_action(tables, action_id)
+    return recorded is not None and recorded.state != PLANNED
 
 
 def finish_interrupted(declaration: Declaration, writer: QueueWriter, action: Action) -> pa.Table:

@@ -12,6 +12,7 @@ release as a parquet file beside the tables is still read, and removed with the 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -81,3 +82,20 @@ def remove_plan(writer: QueueWriter, kind: str, action_id: str) -> None:
         writer.overwrite_where(PLANS, schemas.PLANS.empty_table(), f"action_id = {_quoted(action_id)}",
                                f"removing the plan of action {action_id}")
     remove_tree(tables.work_uri(kind, action_id), tables.storage_options)
+
+
+def remove_finished_plans(writer: QueueWriter, finished: Callable[[str], bool]) -> list[str]:
+    """Remove every plan whose action `finished(action_id)` says is no longer planned: a run killed
+    after it recorded its action done and before it removed the plan left it (a rerun by the same
+    id removes it too). Returns the ids of the actions whose plans it removed; none, no commit."""
+    tables = writer.tables
+    if not tables.exists(PLANS):
+        return []
+    found = tables.open(PLANS).to_pyarrow_dataset().to_table(columns=["action_id", "kind"]).to_pylist()
+    left = sorted({(row["action_id"], row["kind"]) for row in found})
+    removed = []
+    for action_id, kind in left:
+        if finished(action_id):
+            remove_plan(writer, kind, action_id)
+            removed.append(action_id)
+    return removed
