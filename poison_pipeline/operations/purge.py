@@ -93,6 +93,9 @@ class PurgeResult:
     purged: int = 0  # deleted for good (would be, for a dry run)
     # A completion's: planned, but no longer where the plan found them (redriven, taken by a cycle): kept.
     skipped_moved_since: int = 0
+    # Planned by an interrupted redrive (or edit) that has not removed them from the table yet: kept.
+    skipped_held: int = 0
+    held_by: list[str] = field(default_factory=list)  # those interrupted actions
     already_done: bool = False  # this id completed before: nothing deleted now
     resumed: list[str] = field(default_factory=list)  # interrupted purges completed first
     by_group: dict[str, int] = field(default_factory=dict)
@@ -148,8 +151,11 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
     tables = QueueTables.of(declaration, queue)
     actor = actor or default_actor()
     if dry_run:
-        rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id or "dry-run", now)
-        return _summary(rows, purge_id or "(dry run)", queue, table, True, age, cutoff, actor)
+        taken, held_by, held = _not_held(tables, table, selected(declaration, queue, table, bounded))
+        rows = _ledger_rows(taken, table, purge_id or "dry-run", now)
+        result = _summary(rows, purge_id or "(dry run)", queue, table, True, age, cutoff, actor)
+        result.skipped_held, result.held_by = held, held_by
+        return result
     tables.ensure()
     with operator_writer(declaration, tables, KIND, run_id) as writer:
         resumed = _complete_interrupted(declaration, writer, skip=purge_id)
@@ -158,9 +164,10 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
             result.resumed = resumed
             return result
         purge_id = purge_id or new_action_id(KIND)
-        rows = _ledger_rows(selected(declaration, queue, table, bounded), table, purge_id, now)
+        taken, held_by, held = _not_held(tables, table, selected(declaration, queue, table, bounded))
+        rows = _ledger_rows(taken, table, purge_id, now)
         result = _summary(rows, purge_id, queue, table, False, age, cutoff, actor)
-        result.resumed = resumed
+        result.resumed, result.skipped_held, result.held_by = resumed, held, held_by
         if rows.num_rows == 0:
             return result  # nothing to purge: no table changes, nothing recorded
         action = begin_action(writer, KIND, actor, {**arguments, "id": purge_id}, _touched(tables, table),
@@ -169,6 +176,26 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
         _commit(writer, action, rows, None, fresh=True)
         result.action_id = purge_id
         return result
+
+
+def _not_held(tables: QueueTables, table: str, rows: pa.Table) -> tuple[pa.Table, list[str], int]:
+    """The selected rows but those an interrupted redrive (or an edit's) planned to move from
+    `table`: it may have sent their copies already, and completing it removes them here. Purged
+    meanwhile, a message would be both purged and back in a queue. Also the actions that hold some,
+    and how many rows they hold."""
+    held: set[tuple[str, str | None]] = set()
+    held_by = []
+    for action in planned_actions(tables, ["redrive"]):
+        plan = read_plan(tables, "redrive", action.action_id) if action.arguments.get("from") == table else None
+        if plan is not None and plan.rows.num_rows:
+            held.update(zip(plan.rows["message_id"].to_pylist(), plan.rows["source_batch_id"].to_pylist(), strict=True))
+            held_by.append(action.action_id)
+    if not held:
+        return rows, [], 0
+    keep = pa.array([pair not in held for pair in zip(rows["message_id"].to_pylist(), rows["batch_id"].to_pylist(),
+                                                       strict=True)], pa.bool_())
+    kept = rows.filter(keep)
+    return kept, held_by, rows.num_rows - kept.num_rows
 
 
 def apply_retention(declaration: Declaration, queue: str, now: datetime | None = None,
@@ -341,6 +368,10 @@ def format_purge(result: PurgeResult) -> str:
     if result.skipped_moved_since:
         lines.append(f"  skipped {result.skipped_moved_since}: no longer where this interrupted purge's plan found "
                      "them (redriven, or taken by a cycle, since): kept")
+    if result.skipped_held:
+        lines.append(f"  skipped {result.skipped_held}: planned by interrupted redrive(s) {', '.join(result.held_by)}, "
+                     "which may have sent them back already: run it again with its --id (or let the queue's next "
+                     "cycle complete it), then purge again")
     if result.resumed:
         lines.append(f"  completed interrupted purge(s) first: {', '.join(result.resumed)}")
     if result.purged:
