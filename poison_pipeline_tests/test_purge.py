@@ -270,8 +270,8 @@ def test_the_cli_confirms_refuses_without_a_terminal_and_prints_stable_json(lake
     assert cli.main([*run, "--yes", "--json", "--actor", "bob"]) == cli.EXIT_OK
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"purge_id", "queue", "table", "dry_run", "older_than_seconds", "cutoff", "selected",
-                           "purged", "skipped_moved_since", "already_done", "resumed", "by_group",
-                           "by_message_type", "sample_ids",
+                           "purged", "skipped_moved_since", "skipped_held", "held_by", "already_done", "resumed",
+                           "by_group", "by_message_type", "sample_ids",
                            "oldest_failure", "newest_failure", "actor", "action_id"}
     assert (result["purged"], result["by_message_type"], result["actor"]) == (2, {"withdrawal": 2}, "bob")
     balanced(declaration)
