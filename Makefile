@@ -26,8 +26,8 @@ demo: java $(STAMP)
 # The default suite first (it stops there on a failure), then the slower end-to-end tests.
 test: java browser $(STAMP)
 	$(BIN)/ruff check poison_pipeline poison_pipeline_tests benchmarks
-	$(BIN)/pytest -q -m "not e2e"
-	$(BIN)/pytest -q -m e2e
+	$(BIN)/pytest -q -m "not e2e and not model"
+	$(BIN)/pytest -q -m "e2e and not model"
 
 # The fuzz tests with hypothesis's long profile (`make test` runs them bounded): at least 10,000
 # generated envelopes, declarations and argument lists; the counts are printed at the end.
@@ -58,4 +58,4 @@ clean:
 # The model-based test of "nothing lost" (poison_pipeline_tests/test_model.py) with its long profile:
 # 2,000 random sequences of 30 steps (hours on 2 cores); the counts are printed at the end.
 model: $(STAMP)
-	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q -p no:cacheprovider poison_pipeline_tests/test_model.py
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-long} $(BIN)/pytest -q -p no:cacheprovider -m model poison_pipeline_tests/test_model.py
