@@ -46,7 +46,7 @@ PLANS = "plans"
 INTAKE = "intake"
 # Columns whose values are (nearly) all distinct: a dictionary never pays for them, and trying one
 # first is the writer's default (without it, a 1,000,000-message cycle's `attempts` and `processed`
-# appends went from 0.32 and 0.27 s to 0.20 and 0.19 s: benchmarks/README.md, session 11).
+# appends went from 0.32 and 0.27 s to 0.20 and 0.19 s: benchmarks/README.md, commit 15b7750).
 _DISTINCT = ("message_id", "id_hash", "body", "started_at", "duration_ms", "event_id", "notification_id",
              "source_message_id", "original_body", "new_body")
 # delta-rs would write a million-row append as one row group, and Spark cannot split a row group:
