@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -51,7 +52,7 @@ from poison_pipeline_tests.fuzz_support import COUNTS, active_profile
 
 # Sequences and steps per profile: `ci` (make test) is bounded, `long` (make model) is the proof.
 BUDGETS = {"ci": (6, 14), "long": (2000, 30)}
-FINAL = ("done", "undone")
+FINAL = ("done", "undone", "abandoned")
 KINDS = ("never", "always", "fixable")
 # What an operator does, drawn with repeats so that the commands that move messages come often.
 OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit")
@@ -101,14 +102,21 @@ class LakeModel(RuleBasedStateMachine):
     def run(self, op: str, args: dict[str, Any]) -> str:
         """Run an operation in-process: a refusal or failure is an outcome, the lake is judged."""
         try:
-            return ms.run_op(str(self.config), op, args)
+            outcome = ms.run_op(str(self.config), op, args)
+            self.trace(op, args, outcome)
+            return outcome
         except Exception as error:  # noqa: BLE001 - any failure leaves the lake to be judged
+            self.trace(op, args, f"FAILED {type(error).__name__}: {error}")
             COUNTS["model operations failed"] += 1
             if op != "enqueue":
                 # A failure half way is an interruption its queue's next cycle completes.
                 for queue in self.queues_of(op, args):
                     self.interrupted[queue].add(f"failed {op}")
             return f"FAILED {type(error).__name__}: {error}"
+
+    def trace(self, op: str, args: dict[str, Any], outcome: str) -> None:
+        if os.environ.get("MODEL_TRACE"):  # what each step did, for reading a failing sequence
+            print(f"TRACE {op} {json.dumps(args, default=str)[:200]} -> {outcome[:400]}", file=sys.stderr)
 
     def queues_of(self, op: str, args: dict[str, Any]) -> list[str]:
         if op == "undo":
@@ -368,6 +376,7 @@ class LakeModel(RuleBasedStateMachine):
     def kill_at(self, op: str, args: dict[str, Any], at: int) -> None:
         child = ms.start_child(self.config, op, args, "kill", at)
         child.finish()
+        self.trace(f"kill@{at} {op}", args, " | ".join(child.lines())[-400:])
         if child.killed():
             COUNTS["model kills that killed"] += 1
             self.killed_drivers.add(child.pid)
@@ -395,6 +404,7 @@ class LakeModel(RuleBasedStateMachine):
         self.cycle_done(queue, "inbound", taker)
         resumed_at = time.time()
         child.resume()
+        self.trace(f"pause@{at} {op}", args, " | ".join(child.lines())[-400:])
         self.paused[child.pid] = resumed_at
         self.mark_interrupted(op, args)
 
@@ -512,6 +522,9 @@ def _settings() -> settings:
 
 
 LakeModel.TestCase.settings = _settings()
+if os.environ.get("MODEL_REPRODUCE"):  # a blob hypothesis printed: run that one sequence again
+    import hypothesis
+    hypothesis.reproduce_failure(hypothesis.__version__, os.environ["MODEL_REPRODUCE"].encode())(LakeModel)
 # Run by `make model` (bounded: HYPOTHESIS_PROFILE=ci, or long), not by `make test`: it finds a redrive
 # that stays `planned` after a kill at some commit points (its rerun refuses to remove rows it cannot
 # verify in the target), which the closing of that defect must make pass first.

@@ -21,8 +21,9 @@ def add_parser(commands: Commands) -> None:
     sub = add_command(
         commands, "actions", "list the operator actions recorded per queue (who, when, what, state)",
         "List every operator action recorded in the queues' actions ledgers, oldest first: its id,\n"
-        "kind (enable, end_conversation, ...), actor, time, state (planned, done, undone), counts\n"
-        "and arguments. An action left `planned` was interrupted: run it again with its id.",
+        "kind (enable, end_conversation, ...), actor, time, state (planned, done, undone, abandoned),\n"
+        "counts and arguments. An action left `planned` was interrupted: run it again with its id (the\n"
+        "queue's next cycle completes it, or closes it `abandoned` if it was killed before its plan).",
         run,
     )
     sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only this queue")

@@ -69,9 +69,10 @@ def cycle_metadata(report: CycleReport) -> dict[str, Any]:
     metadata["skipped"] = MetadataValue.text(report.skipped or "")
     metadata["cleanup_hook_failures"] = MetadataValue.int(len(report.cleanup_failures))
     metadata["interrupted_actions_completed"] = MetadataValue.int(len(report.interrupted.completed))
-    if report.interrupted.completed or report.interrupted.left:
+    if report.interrupted.completed or report.interrupted.abandoned or report.interrupted.left:
         metadata["interrupted_actions"] = MetadataValue.json(
-            {"completed": report.interrupted.completed, "left": report.interrupted.left})
+            {"completed": report.interrupted.completed, "abandoned": report.interrupted.abandoned,
+             "left": report.interrupted.left})
     return metadata
 
 

@@ -3,6 +3,8 @@ state and counts, and the Delta versions of every table it touched before and af
 
 An action is recorded `planned` before it changes anything and `done` after, so a killed action
 shows as planned and running it again with the same id completes it; `undo` marks it `undone`.
+One killed before it wrote its plan moved nothing, and its default id was never printed: the queue's
+next cycle closes it `abandoned` (operations/interrupted.py), so no action stays planned for good.
 An action id names one action: a default id is new at every invocation (never derived from the
 arguments, which repeat), and an id one queue's ledger holds is refused to an action of another.
 
@@ -35,7 +37,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
-PLANNED, DONE, UNDONE = "planned", "done", "undone"
+PLANNED, DONE, UNDONE, ABANDONED = "planned", "done", "undone", "abandoned"
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,15 @@ def finish_action(writer: QueueWriter, action: Action, counts: dict[str, Any],
                   counts, versions, action.run_id, now or datetime.now(UTC))
     _update(writer, done)
     return done
+
+
+def abandon_action(writer: QueueWriter, action: Action, why: str, now: datetime | None = None) -> Action:
+    """Close a planned action that changed nothing: its tables keep no "after" version, so nothing
+    can be undone, and its id stays taken."""
+    closed = Action(**{**action.__dict__, "state": ABANDONED, "counts": {"moved": 0, "abandoned": why},
+                       "finished_at": now or datetime.now(UTC)})
+    _update(writer, closed)
+    return closed
 
 
 def mark_undone(writer: QueueWriter, action: Action) -> Action:

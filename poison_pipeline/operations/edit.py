@@ -35,6 +35,7 @@ from poison_pipeline.domain.envelope import EnvelopeError, check_body
 from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import INBOUND
 from poison_pipeline.operations.actions import (
+    ABANDONED,
     DONE,
     begin_action,
     default_actor,
@@ -76,6 +77,7 @@ class EditResult:
     moved: int = 0
     already_done: bool = False  # this edit id completed before: nothing changed now
     action_id: str | None = None
+    abandoned: bool = False  # with already_done: closed by a cycle, killed before it recorded the new body
 
 
 def _check_headers(headers: dict[str, str]) -> None:
@@ -171,10 +173,11 @@ def _not_found(declaration: Declaration, message_id: str, queue: str | None, sou
 def _resume_or_done(declaration: Declaration, queue: str, action: Any, message_id: str, body: bytes,
                     given: dict[str, str], actor: str, run_id: str, now: datetime | None) -> EditResult:
     source = action.arguments["from"]
-    if action.state == DONE:
+    if action.state in (DONE, ABANDONED):
         recorded = edit_row(QueueTables.of(declaration, queue), action.action_id)
         result = _result(action.action_id, queue, source, message_id, body, recorded, action.actor)
         result.already_done, result.action_id = True, action.action_id
+        result.abandoned = action.state == ABANDONED
         return result
     return _run(declaration, queue, source, message_id, body, given, action.action_id, actor, run_id, now)
 
@@ -202,7 +205,7 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
     touched = [(tables, EDITS), (tables, source), (tables, INBOUND)]
     with operator_writer(declaration, tables, "edit", run_id) as writer:
         action = find_action(tables, edit_id)
-        if action is not None and action.state == DONE:  # another run completed it meanwhile
+        if action is not None and action.state in (DONE, ABANDONED):  # another run closed it meanwhile
             return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now)
         row = edit_row(tables, edit_id)
         if row is None:
@@ -253,6 +256,10 @@ def edits_of(declaration: Declaration, message_id: str) -> list[dict[str, Any]]:
 
 
 def format_edit(result: EditResult) -> str:
+    if result.already_done and result.abandoned:
+        return (f"edit {result.edit_id} of message {result.message_id!r} was abandoned: killed before it recorded "
+                "the new body, it changed nothing and a cycle closed it; nothing changed now (give another --id "
+                "to edit it again)")
     if result.already_done:
         return (f"edit {result.edit_id} of message {result.message_id!r} already completed: nothing changed now "
                 "(give another --id to edit it again)")

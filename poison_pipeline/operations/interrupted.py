@@ -5,7 +5,10 @@ in two places: back in the inbound and still in poison, or in the purged ledger 
 dead_letter. A cycle that took such a message first would handle a copy the action meant to remove,
 so every cycle first completes what its queue's ledger shows `planned` (SPEC section 8: an action
 run again with its id completes; here the queue runs it again without waiting for the operator).
-An action killed before it moved anything (no plan written yet) is left for its operator to rerun.
+A redrive or an edit killed before it wrote its plan (an edit: its new body) moved nothing, and a
+default id was never printed, so nobody could run it again by its id: it is closed `abandoned`
+(nothing moved, nothing to undo); the operator runs the command again as a new action. A purge has
+all it needs in its record (its selection and cut-off) and is completed as recorded.
 A completion moves only the messages still where the action's plan found them (each command's own
 resume path checks it) and counts the others as moved since; one that refuses to go on (a redrive
 whose committed chunk is nowhere in its target) is left, with its error, and the cycle goes on.
@@ -17,12 +20,13 @@ from dataclasses import dataclass, field
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations import purge as purging
-from poison_pipeline.operations.actions import PLANNED, Action, find_action, planned_actions
+from poison_pipeline.operations.actions import PLANNED, Action, abandon_action, find_action, planned_actions
 from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edit_row
 from poison_pipeline.operations.purge import PurgeError
 from poison_pipeline.operations.redrive import RedriveError, planned_rows, redrive
 from poison_pipeline.operations.undo import UndoError, find_recorded, undo
 from poison_pipeline.storage.plans import remove_finished_plans
+from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
 # Redrives before edits (an edit completes through its own redrive) and undos last.
@@ -34,6 +38,7 @@ class Completed:
     """The interrupted actions a cycle completed, and those it left to their operator, with why."""
 
     completed: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
     left: dict[str, str] = field(default_factory=dict)
 
 
@@ -41,7 +46,14 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
     """Complete every interrupted redrive, edit, purge and undo of `tables.queue`; call holding its lease."""
     tables = writer.tables
     outcome = Completed()
-    for action in sorted(planned_actions(tables, _ORDER), key=lambda a: _ORDER.index(a.kind)):
+    planned = sorted(planned_actions(tables, _ORDER), key=lambda a: _ORDER.index(a.kind))
+    # An edit's own redrive, killed before its plan, is planned again by the edit's completion.
+    by_edits = {a.arguments.get("redrive_id") for a in planned if a.kind == "edit"}
+    for action in planned:
+        if _abandoned(tables, action, by_edits):
+            abandon_action(writer, action, "killed before it planned anything: nothing moved")
+            outcome.abandoned.append(action.action_id)
+            continue
         try:
             why = _complete(declaration, writer, action, run_id)
         except (RedriveError, PurgeError, UndoError, EditError, EditNotFound) as error:
@@ -61,19 +73,24 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
     return outcome
 
 
+def _abandoned(tables: QueueTables, action: Action, by_edits: set[str | None]) -> bool:
+    """A redrive (not an edit's) with no plan, or an edit with no recorded new body: it moved nothing."""
+    if action.kind == "redrive":
+        return action.action_id not in by_edits and planned_rows(tables, action.action_id) is None
+    return action.kind == "edit" and edit_row(tables, action.action_id) is None
+
+
 def _complete(declaration: Declaration, writer: QueueWriter, action: Action, run_id: str) -> str | None:
     """None once `action` is complete, else why it was left as it is."""
     tables = writer.tables
     args = action.arguments
     if action.kind == "redrive":
-        if planned_rows(tables, action.action_id) is None:
-            return "killed before it planned anything: nothing moved; run it again with its id"
         redrive(declaration, tables.queue, args["from"], to=args["to"], redrive_id=action.action_id,
                 actor=action.actor, run_id=run_id)
     elif action.kind == "edit":
         row = edit_row(tables, action.action_id)
-        if row is None:
-            return "killed before it recorded the new body: nothing moved; run the edit again"
+        if row is None:  # abandoned above; unreachable
+            return "no new body recorded"
         edit(declaration, args["message_id"], row["new_body"], queue=tables.queue, source=args["from"],
              edit_id=action.action_id, actor=action.actor, run_id=run_id)
     elif action.kind == "purge":

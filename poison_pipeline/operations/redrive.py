@@ -45,6 +45,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import (
+    ABANDONED,
     PLANNED,
     begin_action,
     default_actor,
@@ -61,7 +62,7 @@ from poison_pipeline.operations.selection import Selection, SelectionError, chec
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.intake import ensure_intake, record_intake
 from poison_pipeline.storage.plans import read_plan, remove_plan, write_plan
-from poison_pipeline.storage.tables import PURGED, QueueTables
+from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
 from poison_pipeline.storage.writer import Committer, LeaseFreeAppender, QueueWriter
 
 SAMPLE = 5
@@ -121,6 +122,7 @@ class RedriveResult:
     first_due: datetime | None = None
     last_due: datetime | None = None
     action_id: str | None = None
+    abandoned: bool = False  # with already_done: closed by a cycle, killed before it planned anything
 
 
 def redrive(declaration: Declaration, queue: str, source: str, selection: Selection | None = None, *,
@@ -181,8 +183,15 @@ class _Plan:
 
 
 def _plan(declaration: Declaration, request: RedriveRequest, tables: QueueTables, redrive_id: str,
-          now: datetime) -> _Plan:
-    rows = selected(declaration, request.queue, request.source, request.selection)
+          now: datetime, rerun: bool = False) -> _Plan:
+    try:
+        rows = selected(declaration, request.queue, request.source, request.selection)
+    except SelectionError:
+        if not rerun:
+            raise
+        # A recorded redrive killed before its plan, run again: its group left the table since (a
+        # cycle quarantined it, a purge): nothing to move now, and it completes as such.
+        rows = schema_of(request.source).empty_table()
     total = rows.num_rows
     processed = _already_processed(QueueTables.of(declaration, request.to), rows["message_id"])
     rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], value_set=processed)))
@@ -280,10 +289,10 @@ def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter,
     if recorded is not None and recorded.state != PLANNED:
         remove_plan(writer, KIND, redrive_id)  # killed after it was recorded done
         return RedriveResult(redrive_id, request.queue, request.source, request.to, False, already_done=True,
-                             action_id=redrive_id)
+                             action_id=redrive_id, abandoned=recorded.state == ABANDONED)
     plan = read_plan(tables, KIND, redrive_id) if recorded is not None else None
     if plan is None:
-        fresh = _plan(declaration, request, tables, redrive_id, now)
+        fresh = _plan(declaration, request, tables, redrive_id, now, rerun=recorded is not None)
         if fresh.rows.num_rows == 0 and recorded is None:
             return _summary(fresh, request, redrive_id, False)  # nothing to move: no table changes
         action = recorded or begin_action(writer, KIND, actor, {**request.arguments(), "id": redrive_id},
@@ -432,6 +441,9 @@ def format_redrive(result: RedriveResult) -> str:
     verb = "would move" if result.dry_run else "moved"
     head = (f"redrive {result.redrive_id}: {result.queue}/{result.source} -> {result.target}/inbound: "
             f"{verb} {result.moved} of {result.selected} selected")
+    if result.already_done and result.abandoned:
+        return (f"redrive {result.redrive_id} was abandoned: killed before it planned anything, it moved nothing "
+                "and a cycle closed it; nothing moved now (give another --id to redrive again)")
     if result.already_done:
         return (f"redrive {result.redrive_id} already completed: nothing moved now "
                 "(give another --id to redrive again)")

@@ -47,6 +47,7 @@ from deltalake import DeltaTable, Transaction
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
 from poison_pipeline.operations.actions import (
+    ABANDONED,
     DONE,
     UNDONE,
     Action,
@@ -92,6 +93,9 @@ def undo(declaration: Declaration, action_id: str, actor: str | None = None, run
                         f"(undo reverses {', '.join(sorted(_UNDOERS))})")
     if action.state == UNDONE:
         return UndoResult(f"undo-{action_id}", action_id, action.kind, "", already_undone=True)
+    if action.state == ABANDONED:
+        raise UndoError(f"action {action_id!r} was abandoned: killed before it planned anything, it changed "
+                        "nothing, so there is nothing to undo")
     if action.state != DONE:
         raise UndoError(f"action {action_id!r} is {action.state}: run it again with its id to complete it "
                         "before undoing it")
