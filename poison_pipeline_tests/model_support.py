@@ -17,6 +17,7 @@ forked after it started, which the fork server's own process never does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
@@ -331,6 +332,17 @@ def _count_file_writes(points: Points) -> None:
 
 # ------------------------------------------------------------------------------------- operations
 
+@functools.cache
+def _declaration(config: str, stamp: float) -> Any:
+    from poison_pipeline.domain.declaration import load_declaration
+    return load_declaration(config)
+
+
+def declaration_of(config: str | Path) -> Any:
+    """The declaration at `config`, parsed once while the file is unchanged."""
+    return _declaration(str(config), os.stat(config).st_mtime)
+
+
 def no_spark() -> Any:
     raise AssertionError("small cycles only: no Spark session may be started")
 
@@ -345,8 +357,7 @@ def selection_of(spec: dict[str, Any] | None) -> Any:
 
 def run_op(config: str, op: str, args: dict[str, Any]) -> str:
     """Run one operation as `args` say; returns a short description of its result."""
-    from poison_pipeline.domain.declaration import load_declaration
-    declaration = load_declaration(config)
+    declaration = declaration_of(config)
     if op == "cycle":
         from poison_pipeline.engine.cycle import run_cycle
         report = run_cycle(no_spark, declaration, args["queue"], args["table"], run_id=args.get("run_id", "model"))
@@ -406,18 +417,10 @@ def _context() -> Any:
 
 
 def _child(config: str, op: str, args: dict[str, Any], mode: str, at: int, match: str, status: str,
-           prepare: str | None, shadow: str | None = None) -> None:
+           prepare: str | None) -> None:
     """The body of a child: stop (kill: SIGKILL right after; pause: SIGSTOP right before) the `at`-th
-    commit point whose label contains `match`; write what happened to the `status` file. With a
-    `shadow` (a copy of the test's folder), the child first mounts it over the folder in a mount
-    namespace of its own: a dry run that commits to the copy, its handler calls logged there."""
+    commit point whose label contains `match`; write what happened to the `status` file."""
     out = Path(status)
-    if shadow is not None:
-        try:
-            _shadow_mount(shadow, str(Path(config).parent))
-        except OSError as error:
-            out.write_text(f"NOSHADOW {error}\n")
-            return
 
     def say(line: str) -> None:
         with open(out, "a") as stream:
@@ -520,65 +523,33 @@ _CHILDREN = Counter[str]()
 
 
 def start_child(config: Path, op: str, args: dict[str, Any], mode: str, at: int, match: str = "",
-                prepare: str | None = None, shadow: Path | None = None, status: Path | None = None) -> Child:
+                prepare: str | None = None) -> Child:
     """Start `op` in a child process, to be killed right after (mode kill) or paused right before
-    (mode pause) its `at`-th commit point whose label contains `match` (mode run: neither). With a
-    `shadow` copy of the config's folder, the child works on that copy seen at the folder's path."""
+    (mode pause) its `at`-th commit point whose label contains `match` (mode run: neither)."""
     _CHILDREN["started"] += 1
-    if status is None:
-        status = config.parent / f"child-{_CHILDREN['started']}-{os.getpid()}.status"
+    status = config.parent / f"child-{_CHILDREN['started']}-{os.getpid()}.status"
     process = _context().Process(
-        target=_child, args=(str(config), op, args, mode, at, match, str(status), prepare,
-                             None if shadow is None else str(shadow)), daemon=True)
+        target=_child, args=(str(config), op, args, mode, at, match, str(status), prepare), daemon=True)
     process.start()
     return Child(process, status)
 
 
-_CLONE_NEWNS = 0x00020000
-_MS_BIND = 4096
-_MS_REC = 16384
-_MS_PRIVATE = 1 << 18
+_COUNTED: list[list[str]] = []
 
 
-def _shadow_mount(shadow: str, folder: str) -> None:
-    """In this (single-threaded, just forked) process: a mount namespace of its own in which `shadow`
-    is mounted over `folder`, so every path the lake stored (absolute staging folders too) leads to
-    the copy. Needs CAP_SYS_ADMIN (root in a container) or raises OSError."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
-    if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
-    if libc.mount(shadow.encode(), folder.encode(), None, _MS_BIND | _MS_REC, None) != 0:
-        raise OSError(ctypes.get_errno(), f"mount --bind {shadow} {folder}")
-
-
-_SHADOWS_WORK: list[bool] = []
-
-
-def count_points(config: Path, op: str, args: dict[str, Any], timeout: float = 120.0) -> list[str] | None:
-    """The commit points `op` would make now, counted by a dry run on a copy of the config's folder
-    (in a child that sees the copy at the folder's path); None when that cannot be done here."""
-    import shutil
-    import tempfile
-    if _SHADOWS_WORK and not _SHADOWS_WORK[0]:
-        return None
-    folder = config.parent
-    scratch = Path(tempfile.mkdtemp(prefix="pp-dry-"))
+def run_counted(config: str, op: str, args: dict[str, Any]) -> tuple[str, list[str]]:
+    """`run_op` in this process, with the commit points it made (to choose where a later run of the
+    same operation is stopped, without a dry run). Counting routes delta-rs and pyarrow file systems
+    through `install_points` for the rest of the process: only the model test's own process calls it."""
+    if not _COUNTED:
+        _COUNTED.append([])
+        install_points(Points(lambda n, label: None, lambda n, label: None, _COUNTED[0]))
+    labels = _COUNTED[0]
+    labels.clear()
     try:
-        shadow = scratch / "folder"
-        shutil.copytree(folder, shadow, symlinks=True,
-                        ignore=shutil.ignore_patterns("child-*.status"))
-        child = start_child(config, op, args, "run", 0, shadow=shadow, status=scratch / "dry.status")
-        child.finish(timeout)
-        if any(line.startswith("NOSHADOW") for line in child.lines()):
-            _SHADOWS_WORK[:] = [False]
-            return None
-        _SHADOWS_WORK[:] = [True]
-        return child.points()
+        return run_op(config, op, args), list(labels)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        labels.clear()
 
 
 # --------------------------------------------------------------------------------------- the lake
@@ -592,9 +563,8 @@ def places(config: Path) -> dict[str, list[tuple[str, str]]]:
     """Where each message id is: (queue, table) once per row, across every table of every queue."""
     from deltalake import DeltaTable
 
-    from poison_pipeline.domain.declaration import load_declaration
     from poison_pipeline.storage.tables import QueueTables
-    declaration = load_declaration(str(config))
+    declaration = declaration_of(config)
     found: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for queue in declaration.queues:
         tables = QueueTables.of(declaration, queue)
@@ -614,11 +584,10 @@ def ids_in(config: Path, queue: str, table: str) -> list[str]:
 
 def product_lines(config: Path) -> dict[str, tuple[int | None, int, str]]:
     """The product's own conservation per queue: (received, accounted, line)."""
-    from poison_pipeline.domain.declaration import load_declaration
     from poison_pipeline.operations.conservation import conservation
     from poison_pipeline.storage.intake import accepted_total
     from poison_pipeline.storage.tables import QueueTables
-    declaration = load_declaration(str(config))
+    declaration = declaration_of(config)
     found = {}
     for queue in declaration.queues:
         tables = QueueTables.of(declaration, queue)
@@ -631,9 +600,8 @@ def product_lines(config: Path) -> dict[str, tuple[int | None, int, str]]:
 
 
 def actions(config: Path) -> list[Any]:
-    from poison_pipeline.domain.declaration import load_declaration
     from poison_pipeline.operations.actions import list_actions
-    declaration = load_declaration(str(config))
+    declaration = declaration_of(config)
     found = []
     for queue in declaration.queues:
         with contextlib.suppress(FileNotFoundError):

@@ -167,7 +167,7 @@ def test_case_2_an_id_another_queue_used_is_refused_and_changes_nothing(make_dec
     assert (accounted(declaration, "a"), accounted(declaration, "b")) == (0, 0)
 
 
-def test_case_5_a_purge_keeps_what_an_interrupted_redrive_planned_and_the_cycle_completes_the_redrive(
+def test_case_5_a_purge_first_completes_an_interrupted_redrive_and_purges_nothing_it_sent_back(
         make_declaration, monkeypatch):
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
@@ -175,23 +175,21 @@ def test_case_5_a_purge_keeps_what_an_interrupted_redrive_planned_and_the_cycle_
         kill_after(patch, redrive_module, "write_plan", 1)
         with pytest.raises(Killed):
             redrive(declaration, "q", POISON, redrive_id="r1")
-    # The redrive may have sent copies already: purging the messages now would leave those copies.
+    # The redrive may have sent copies already: the purge completes it before it selects anything.
     held = purge(declaration, "q", POISON, 0)
-    assert (held.purged, held.skipped_held, held.held_by) == (0, 2, ["r1"])
-    report = cycle(declaration)
-    assert report.interrupted.completed == ["r1"]
+    assert (held.purged, held.resumed, held.skipped_held) == (0, ["r1"], 0)
+    done = find_action(QueueTables.of(declaration, "q"), "r1")
+    assert (done.state, done.counts["moved"], done.counts["skipped_moved_since"]) == (DONE, 2, 0)
+    assert cycle(declaration).interrupted.completed == []
     assert purged_ids(declaration) == []
     assert sorted(places(declaration)) == ["m1", "m2"]
     assert all(len(where) == 1 for where in places(declaration).values())
-    done = find_action(QueueTables.of(declaration, "q"), "r1")
-    assert (done.state, done.counts["moved"], done.counts["skipped_moved_since"]) == (DONE, 2, 0)
     assert accounted(declaration) == 2
     assert QueueTables.of(declaration, "q").open(PLANS).count() == 0  # no plan left behind
 
 
 @pytest.mark.parametrize("killed", ["after its plan", "after its ledger rows"])
-def test_case_13_a_purge_killed_then_a_redrive_then_a_cycle_purges_nothing_moved_since(make_declaration,
-                                                                                       monkeypatch, killed):
+def test_case_13_a_purge_killed_then_a_redrive_completes_the_purge_first(make_declaration, monkeypatch, killed):
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
     with monkeypatch.context() as patch:
@@ -202,13 +200,13 @@ def test_case_13_a_purge_killed_then_a_redrive_then_a_cycle_purges_nothing_moved
         with pytest.raises(Killed):
             purge(declaration, "q", POISON, 0, purge_id="p1")
     assert purged_ids(declaration) == ([] if killed == "after its plan" else ["m1", "m2"])
-    assert redrive(declaration, "q", POISON).moved == 2
-    report = cycle(declaration)  # completes p1 first, then delivers m1 and m2, which fail again
-    assert report.interrupted.completed == ["p1"]
-    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
-    assert purged_ids(declaration) == []
+    # The purge came first: the redrive completes it before it selects anything, and finds nothing.
+    assert redrive(declaration, "q", POISON).moved == 0
     done = find_action(QueueTables.of(declaration, "q"), "p1")
-    assert (done.state, done.counts["purged"], done.counts["skipped_moved_since"]) == (DONE, 0, 2)
+    assert (done.state, done.counts["purged"], done.counts["skipped_moved_since"]) == (DONE, 2, 0)
+    assert cycle(declaration).interrupted.completed == []
+    assert places(declaration) == {}
+    assert purged_ids(declaration) == ["m1", "m2"]
     assert accounted(declaration) == 2
 
 

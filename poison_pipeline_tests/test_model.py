@@ -58,6 +58,8 @@ KINDS = ("never", "always", "fixable")
 OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit")
 # What a kill or pause interrupts: operator commands mostly, a cycle sometimes.
 INTERRUPTED = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "cycle")
+# Commit points a run of each usually makes (a cycle that moves messages, a redrive within its queue).
+USUAL_POINTS = {"cycle": 12, "redrive": 7, "edit": 9, "purge": 6, "undo": 4}
 
 
 class Violation(AssertionError):
@@ -79,6 +81,7 @@ class LakeModel(RuleBasedStateMachine):
         self.ids_used: list[str] = []  # redrive/edit/purge ids given, for reuse
         self.history: list[tuple[str, dict[str, Any]]] = []  # operator commands run, to run again
         self.steps = 0
+        self.points_seen: dict[tuple[str, bool], int] = {}  # the most commit points a run of an operation made
         COUNTS["model sequences"] += 1
 
     def teardown(self) -> None:
@@ -102,7 +105,8 @@ class LakeModel(RuleBasedStateMachine):
     def run(self, op: str, args: dict[str, Any]) -> str:
         """Run an operation in-process: a refusal or failure is an outcome, the lake is judged."""
         try:
-            outcome = ms.run_op(str(self.config), op, args)
+            outcome, labels = ms.run_counted(str(self.config), op, args)
+            self.saw_points(op, args, labels)
             self.trace(op, args, outcome)
             return outcome
         except Exception as error:  # noqa: BLE001 - any failure leaves the lake to be judged
@@ -218,9 +222,8 @@ class LakeModel(RuleBasedStateMachine):
         if how == "ids" and there:
             args["selection"] = {"ids": data.draw(st.lists(st.sampled_from(there), min_size=1, unique=True))}
         elif how == "group":
-            from poison_pipeline.domain.declaration import load_declaration
             from poison_pipeline.operations.groups import failure_groups
-            groups = failure_groups(load_declaration(str(self.config)), queue, source)
+            groups = failure_groups(ms.declaration_of(self.config), queue, source)
             if groups:
                 args["selection"] = {"group": data.draw(st.sampled_from([g.id for g in groups]))}
         if not data.draw(st.integers(0, 2)):
@@ -333,19 +336,20 @@ class LakeModel(RuleBasedStateMachine):
         for queue in self.queues_of(op, args) if op != "cycle" else [args["queue"]]:
             self.interrupted[queue].add(f"cycle {args['table']}" if op == "cycle" else f"interrupted {op}")
 
-    def commit_point(self, data: st.DataObject, op: str, args: dict[str, Any]) -> int | None:
-        """One of the commit points `op` makes from the lake as it is (counted by a dry run on a copy
-        of it); where that cannot be counted, one of the first 8. None: it makes no commit."""
-        labels = ms.count_points(self.config, op, args)
-        if labels is None:
-            COUNTS["model kill points guessed (no dry run)"] += 1
-            return data.draw(st.integers(1, 8))
-        COUNTS["model dry runs"] += 1
-        if not labels:
-            return None
-        # A fraction, not integers(1, n): n varies a little between runs of one sequence (a lease
-        # taken over or not), and hypothesis needs the same draw when it replays a sequence.
-        return 1 + data.draw(st.integers(0, 999)) * len(labels) // 1000
+    def point_key(self, op: str, args: dict[str, Any]) -> tuple[str, bool]:
+        return op, bool(args.get("to"))
+
+    def saw_points(self, op: str, args: dict[str, Any], labels: list[str] | None) -> None:
+        key = self.point_key(op, args)
+        self.points_seen[key] = max(self.points_seen.get(key, 0), len(labels or []))
+
+    def commit_point(self, data: st.DataObject, op: str, args: dict[str, Any]) -> int:
+        """One of the commit points `op` may make: of as many as the most a run of it made in this
+        sequence (counted as the model runs operations in-process), or its usual count before one ran.
+        A point beyond what this run makes lets it end by itself."""
+        most = max(self.points_seen.get(self.point_key(op, args), 0), USUAL_POINTS[op])
+        # A fraction, not integers(1, n): n grows during a sequence, and a replay needs the same draw.
+        return 1 + data.draw(st.integers(0, 999)) * most // 1000
 
     def interrupt(self, data: st.DataObject, mode: str) -> None:
         """Run an operation in a child stopped at one of its commit points: killed (SIGKILL) right
@@ -362,12 +366,6 @@ class LakeModel(RuleBasedStateMachine):
         self.before_move(op, args)
         if op != "cycle":
             self.history.append((op, args))
-        if at is None:  # nothing to stop: run it as it is
-            COUNTS[f"model {mode}s without a commit point"] += 1
-            outcome = self.run(op, args)
-            if op == "cycle":
-                self.cycle_done(args["queue"], args["table"], outcome)
-            return
         if mode == "kill":
             self.kill_at(op, args, at)
         else:
@@ -383,6 +381,7 @@ class LakeModel(RuleBasedStateMachine):
             self.mark_interrupted(op, args)
             return
         COUNTS["model kills that ended first"] += 1
+        self.saw_points(op, args, child.points())
         if op == "cycle":
             self.cycle_done(args["queue"], args["table"], child.outcome())
         elif child.outcome().startswith("FAILED"):
@@ -394,6 +393,7 @@ class LakeModel(RuleBasedStateMachine):
         if state != "paused":
             child.finish()
             COUNTS["model pauses that ended first"] += 1
+            self.saw_points(op, args, child.points())
             if child.outcome().startswith("FAILED"):
                 self.mark_interrupted(op, args)
             return
@@ -515,6 +515,9 @@ class LakeModel(RuleBasedStateMachine):
 
 def _settings() -> settings:
     examples, steps = BUDGETS.get(active_profile(), BUDGETS["ci"])
+    # A run split over processes, or a longer search than `ci`: MODEL_SEQUENCES / MODEL_STEPS.
+    examples = int(os.environ.get("MODEL_SEQUENCES", examples))
+    steps = int(os.environ.get("MODEL_STEPS", steps))
     chosen = settings(settings.get_profile(active_profile()), max_examples=examples, stateful_step_count=steps)
     if os.environ.get("MODEL_SHRINK") == "no":  # a failing sequence as found, in seconds rather than minutes
         chosen = settings(chosen, phases=[p for p in Phase if p is not Phase.shrink])

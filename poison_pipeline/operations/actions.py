@@ -9,9 +9,10 @@ An action id names one action: a default id is new at every invocation (never de
 arguments, which repeat), and an id one queue's ledger holds is refused to an action of another.
 
 Every operator command that moves messages holds its queue's writer through `operator_writer`,
-which first finishes the queue's cycles a kill left staged (engine/recovery.py): a message such a
-cycle took is still in its waiting table, and moving it before the cycle's commits land would leave
-it in two places.
+which first finishes the queue's cycles a kill left staged (engine/recovery.py) and completes its
+other operator actions left planned (operations/interrupted.py): a message such a cycle took is
+still in its waiting table, and one an interrupted redrive sent back is still in its failure table
+too; moving it before those commits land would leave it in two places.
 """
 
 from __future__ import annotations
@@ -78,12 +79,19 @@ def queue_recording(declaration: Declaration, action_id: str, other_than: str) -
 
 
 @contextmanager
-def operator_writer(declaration: Declaration, tables: QueueTables, purpose: str,
-                    run_id: str = "manual") -> Iterator[QueueWriter]:
+def operator_writer(declaration: Declaration, tables: QueueTables, purpose: str, run_id: str = "manual",
+                    resuming: Sequence[str] = ()) -> Iterator[QueueWriter]:
     """The queue's writer for an operator command that moves messages, once the cycles a kill left
-    staged are finished (their commits land before the command reads where a message is)."""
+    staged are finished and the actions left planned completed, but those the command itself
+    resumes (`resuming`): their commits land before the command reads where a message is."""
     with queue_writer(tables, purpose, run_id) as writer:
-        finish_interrupted_cycles(declaration, writer)
+        if not writer.settled:
+            # Imported here: completing an action runs the commands that hold this writer.
+            from poison_pipeline.operations.interrupted import complete_interrupted
+
+            writer.settled = True
+            finish_interrupted_cycles(declaration, writer)
+            complete_interrupted(declaration, writer, run_id, resuming)
         yield writer
 
 

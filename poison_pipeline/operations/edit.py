@@ -203,7 +203,7 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
     tables.ensure()
     redrive_id = f"{edit_id}-redrive"
     touched = [(tables, EDITS), (tables, source), (tables, INBOUND)]
-    with operator_writer(declaration, tables, "edit", run_id) as writer:
+    with operator_writer(declaration, tables, "edit", run_id, resuming=[edit_id, redrive_id]) as writer:
         action = find_action(tables, edit_id)
         if action is not None and action.state in (DONE, ABANDONED):  # another run closed it meanwhile
             return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now)

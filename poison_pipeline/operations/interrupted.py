@@ -3,8 +3,10 @@
 A redrive (or an edit's redrive), a purge or an undo killed between its commits can leave a message
 in two places: back in the inbound and still in poison, or in the purged ledger and still in
 dead_letter. A cycle that took such a message first would handle a copy the action meant to remove,
-so every cycle first completes what its queue's ledger shows `planned` (SPEC section 8: an action
-run again with its id completes; here the queue runs it again without waiting for the operator).
+so every cycle, and every operator command that moves messages (operations/actions.py,
+`operator_writer`), first completes what its queue's ledger shows `planned` (SPEC section 8: an
+action run again with its id completes; here the queue runs it again without waiting for the
+operator).
 A redrive or an edit killed before it wrote its plan (an edit: its new body) moved nothing, and a
 default id was never printed, so nobody could run it again by its id: it is closed `abandoned`
 (nothing moved, nothing to undo); the operator runs the command again as a new action. A purge has
@@ -16,9 +18,11 @@ whose committed chunk is nowhere in its target) is left, with its error, and the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.engine.recovery import finish_interrupted_cycles
 from poison_pipeline.operations import purge as purging
 from poison_pipeline.operations.actions import PLANNED, Action, abandon_action, find_action, planned_actions
 from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edit_row
@@ -42,11 +46,17 @@ class Completed:
     left: dict[str, str] = field(default_factory=dict)
 
 
-def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: str) -> Completed:
-    """Complete every interrupted redrive, edit, purge and undo of `tables.queue`; call holding its lease."""
+def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: str,
+                         resuming: Sequence[str] = ()) -> Completed:
+    """Complete every interrupted redrive, edit, purge and undo of `tables.queue` but those `resuming`
+    (a command run again with its id completes its own); call holding its lease."""
     tables = writer.tables
+    writer.settled = True  # the commands a completion runs hold this writer: they complete nothing more
     outcome = Completed()
-    planned = sorted(planned_actions(tables, _ORDER), key=lambda a: _ORDER.index(a.kind))
+    planned = sorted((a for a in planned_actions(tables, _ORDER) if a.action_id not in resuming),
+                     key=lambda a: _ORDER.index(a.kind))
+    if planned:  # a completion must not move what a cycle a kill left staged took
+        finish_interrupted_cycles(declaration, writer)
     # An edit's own redrive, killed before its plan, is planned again by the edit's completion.
     by_edits = {a.arguments.get("redrive_id") for a in planned if a.kind == "edit"}
     for action in planned:
@@ -70,6 +80,7 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
     # An action killed between its `done` record and its plan's removal left nothing but the plan.
     remove_finished_plans(writer, lambda action_id: (now := find_action(tables, action_id)) is not None
                           and now.state != PLANNED)
+    writer.completed_actions += [*outcome.completed, *outcome.abandoned]
     return outcome
 
 

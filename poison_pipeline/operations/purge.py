@@ -68,8 +68,8 @@ from poison_pipeline.operations.selection import (
     selection_filter,
 )
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.plans import read_plan, remove_finished_plans, remove_plan, write_plan
-from poison_pipeline.storage.tables import ACTIONS, PURGED, QueueTables
+from poison_pipeline.storage.plans import read_plan, remove_plan, write_plan
+from poison_pipeline.storage.tables import PURGED, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
 SAMPLE = 5
@@ -157,8 +157,8 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
         result.skipped_held, result.held_by = held, held_by
         return result
     tables.ensure()
-    with operator_writer(declaration, tables, KIND, run_id) as writer:
-        resumed = _complete_interrupted(declaration, writer, skip=purge_id)
+    with operator_writer(declaration, tables, KIND, run_id, resuming=[purge_id] if purge_id else []) as writer:
+        resumed = list(writer.completed_actions)
         if purge_id is not None and (recorded := find_action(tables, purge_id)) is not None:
             result = _resume(declaration, writer, recorded)
             result.resumed = resumed
@@ -266,27 +266,6 @@ def _remove(writer: QueueWriter, table: str, rows: pa.Table, mark: Transaction) 
     batches = sorted(set(rows["batch_id"].to_pylist()), key=lambda b: (b is None, b or ""))
     writer.replace_batches(table, batches, keep=~pads.field("message_id").isin(rows["message_id"].to_pylist()),
                            also=[mark])
-
-
-def _complete_interrupted(declaration: Declaration, writer: QueueWriter, skip: str | None) -> list[str]:
-    """Complete every purge of this queue left `planned` (killed), but `skip` (the caller resumes it)."""
-    tables = writer.tables
-    if not tables.exists(ACTIONS):
-        return []
-    planned = sorted(planned_actions(tables, [KIND]), key=lambda action: action.action_id)
-    done = []
-    for action in planned:
-        if action.action_id != skip:
-            finish_interrupted(declaration, writer, action)
-            done.append(action.action_id)
-    # A purge killed between its `done` record and its plan's removal: nothing left but the plan.
-    remove_finished_plans(writer, lambda action_id: _finished(tables, action_id))
-    return done
-
-
-def _finished(tables: QueueTables, action_id: str) -> bool:
-    recorded = find_action(tables, action_id)
-    return recorded is not None and recorded.state != PLANNED
 
 
 def finish_interrupted(declaration: Declaration, writer: QueueWriter, action: Action) -> pa.Table:

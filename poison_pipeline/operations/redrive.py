@@ -150,7 +150,7 @@ def redrive(declaration: Declaration, queue: str, source: str, selection: Select
         return _summary(_plan(declaration, request, tables, redrive_id, now or datetime.now(UTC)), request,
                         redrive_id, True)
     tables.ensure()
-    with operator_writer(declaration, tables, "redrive", run_id) as writer:
+    with operator_writer(declaration, tables, "redrive", run_id, resuming=[redrive_id]) as writer:
         return _run(declaration, request, writer, redrive_id, actor or default_actor(), run_id,
                     now or datetime.now(UTC), progress or (lambda moved, total: None))
 

@@ -100,7 +100,7 @@ def undo(declaration: Declaration, action_id: str, actor: str | None = None, run
         raise UndoError(f"action {action_id!r} is {action.state}: run it again with its id to complete it "
                         "before undoing it")
     tables = QueueTables.of(declaration, action.queue)
-    with operator_writer(declaration, tables, "undo", run_id) as writer:
+    with operator_writer(declaration, tables, "undo", run_id, resuming=[f"undo-{action_id}"]) as writer:
         return _UNDOERS[action.kind](declaration, writer, action, actor or default_actor(), run_id,
                                      now or datetime.now(UTC))
 
@@ -193,7 +193,7 @@ def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action,
     touched = [(tables, source), (target, INBOUND)]
     recorded, how = _recorded_way(declaration, tables, action)
     record = _begin(writer, action, actor, run_id, now, how, touched, recorded)
-    with operator_writer(declaration, target, "undo", run_id) as target_writer:
+    with operator_writer(declaration, target, "undo", run_id, resuming=[f"undo-{action.action_id}"]) as target_writer:
         if how == RESTORE:
             result = _restore({tables.queue: writer, target.queue: target_writer}, action, record.action_id)
         else:

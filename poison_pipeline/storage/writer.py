@@ -170,6 +170,11 @@ class QueueWriter(Committer):
     def __init__(self, tables: QueueTables, lease: Lease) -> None:
         super().__init__(tables, Transaction(fence_app(tables.queue), lease.epoch))
         self.lease = lease
+        # The interrupted work of the queue (cycles left staged, operator actions left planned) is
+        # completed once per holding, before the holder's own work: `settled` once begun, and the
+        # ids of the actions completed then (a command's report lists them).
+        self.settled = False
+        self.completed_actions: list[str] = []
 
     @property
     def epoch(self) -> int:
