@@ -21,13 +21,15 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, POISON
 from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations import edit as edit_module
 from poison_pipeline.operations import purge as purge_module
 from poison_pipeline.operations import redrive as redrive_module
-from poison_pipeline.operations.actions import DONE, PLANNED, find_action
+from poison_pipeline.operations.actions import ABANDONED, DONE, PLANNED, find_action
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.edit import EditNotFound, edit
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.redrive import RedriveError, Replacement, redrive
-from poison_pipeline.operations.undo import undo
+from poison_pipeline.operations.undo import UndoError, undo
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.journal import read_entry
 from poison_pipeline.storage.tables import PLANS, PURGED, QueueTables
@@ -275,4 +277,58 @@ def test_a_redrive_and_a_purge_without_an_id_are_new_actions_each_time(make_decl
     cycle(declaration)
     second = purge(declaration, "q", POISON, 0)
     assert first.purge_id != second.purge_id and (first.purged, second.purged) == (1, 1)
+    assert accounted(declaration) == 2
+
+
+def test_a_redrive_killed_before_its_plan_is_closed_abandoned_by_the_next_cycle(make_declaration, monkeypatch):
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    tables = QueueTables.of(declaration, "q")
+    with monkeypatch.context() as patch:
+        kill_before(patch, redrive_module, "write_plan", 1)
+        with pytest.raises(Killed):
+            redrive(declaration, "q", POISON, redrive_id="r1")
+    assert find_action(tables, "r1").state == PLANNED
+    assert cycle(declaration).interrupted.abandoned == ["r1"]
+    closed = find_action(tables, "r1")
+    assert (closed.state, closed.counts["moved"]) == (ABANDONED, 0)
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
+    # Its id stays taken: run again, it says so and moves nothing; there is nothing to undo.
+    again = redrive(declaration, "q", POISON, redrive_id="r1")
+    assert (again.already_done, again.abandoned, again.moved) == (True, True, 0)
+    assert "was abandoned" in redrive_module.format_redrive(again)
+    with pytest.raises(UndoError, match="abandoned"):
+        undo(declaration, "r1")
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
+    assert accounted(declaration) == 2
+
+
+def test_an_edit_killed_before_it_recorded_the_new_body_is_closed_abandoned(make_declaration, monkeypatch):
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    with monkeypatch.context() as patch:
+        kill_before(patch, edit_module, "_record", 1)
+        with pytest.raises(Killed):
+            edit(declaration, "m1", b'{"fail": false}', queue="q", edit_id="e1")
+    assert cycle(declaration).interrupted.abandoned == ["e1"]
+    again = edit(declaration, "m1", b'{"fail": false}', queue="q", edit_id="e1")
+    assert (again.already_done, again.abandoned, again.moved) == (True, True, 0)
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
+    assert edit(declaration, "m1", b'{"fail": false}', queue="q", edit_id="e2").moved == 1
+
+
+def test_an_edit_completes_an_interrupted_redrive_of_its_message_first(make_declaration, monkeypatch):
+    """The redrive sent m1 back and was killed before removing it from poison: an edit of that copy
+    would send m1 a second time. The edit completes the redrive first, then finds m1 gone."""
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    with monkeypatch.context() as patch:
+        kill_before(patch, redrive_module, "_remove_from_source", 1)
+        with pytest.raises(Killed):
+            redrive(declaration, "q", POISON, redrive_id="r1")
+    assert places(declaration) == {"m1": [INBOUND, POISON], "m2": [INBOUND, POISON]}
+    with pytest.raises(EditNotFound, match="left q/poison"):
+        edit(declaration, "m1", b'{"fail": false}', queue="q", source=POISON, edit_id="e1")
+    assert find_action(QueueTables.of(declaration, "q"), "r1").state == DONE
+    assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND]}
     assert accounted(declaration) == 2

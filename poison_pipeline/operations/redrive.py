@@ -62,7 +62,7 @@ from poison_pipeline.operations.selection import Selection, SelectionError, chec
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.intake import ensure_intake, record_intake
 from poison_pipeline.storage.plans import read_plan, remove_plan, write_plan
-from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
+from poison_pipeline.storage.tables import PURGED, QueueTables
 from poison_pipeline.storage.writer import Committer, LeaseFreeAppender, QueueWriter
 
 SAMPLE = 5
@@ -183,15 +183,8 @@ class _Plan:
 
 
 def _plan(declaration: Declaration, request: RedriveRequest, tables: QueueTables, redrive_id: str,
-          now: datetime, rerun: bool = False) -> _Plan:
-    try:
-        rows = selected(declaration, request.queue, request.source, request.selection)
-    except SelectionError:
-        if not rerun:
-            raise
-        # A recorded redrive killed before its plan, run again: its group left the table since (a
-        # cycle quarantined it, a purge): nothing to move now, and it completes as such.
-        rows = schema_of(request.source).empty_table()
+          now: datetime) -> _Plan:
+    rows = selected(declaration, request.queue, request.source, request.selection)
     total = rows.num_rows
     processed = _already_processed(QueueTables.of(declaration, request.to), rows["message_id"])
     rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], value_set=processed)))
@@ -292,7 +285,7 @@ def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter,
                              action_id=redrive_id, abandoned=recorded.state == ABANDONED)
     plan = read_plan(tables, KIND, redrive_id) if recorded is not None else None
     if plan is None:
-        fresh = _plan(declaration, request, tables, redrive_id, now, rerun=recorded is not None)
+        fresh = _plan(declaration, request, tables, redrive_id, now)
         if fresh.rows.num_rows == 0 and recorded is None:
             return _summary(fresh, request, redrive_id, False)  # nothing to move: no table changes
         action = recorded or begin_action(writer, KIND, actor, {**request.arguments(), "id": redrive_id},
