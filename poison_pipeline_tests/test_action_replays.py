@@ -332,3 +332,23 @@ def test_an_edit_completes_an_interrupted_redrive_of_its_message_first(make_decl
     assert find_action(QueueTables.of(declaration, "q"), "r1").state == DONE
     assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND]}
     assert accounted(declaration) == 2
+
+
+def test_an_undo_into_another_queue_killed_half_way_is_completed_by_its_queues_next_cycle(
+        make_declaration, monkeypatch):
+    """The undo put the messages back in q's poison and was killed before it removed them from z's
+    inbound: q's next cycle completes it, taking z's lease as the undo did."""
+    declaration = lake(make_declaration, "q", "z")
+    two_in_poison(declaration)
+    redrive(declaration, "q", POISON, to="z", redrive_id="r1")
+    send(declaration, "z", {"n1": {}})  # z changed since: the undo compensates
+    with monkeypatch.context() as patch:
+        kill_before(patch, QueueWriter, "replace_batches", 1)
+        with pytest.raises(Killed):
+            undo(declaration, "r1")
+    assert places(declaration, "z") == {"m1": [INBOUND], "m2": [INBOUND], "n1": [INBOUND]}
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
+    assert cycle(declaration).interrupted.completed == ["undo-r1"]
+    assert places(declaration, "z") == {"n1": [INBOUND]}
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
+    assert (accounted(declaration, "q"), accounted(declaration, "z")) == (2, 1)
