@@ -58,7 +58,7 @@ clean:
 	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect *.egg-info
 
 # The model-based test of "nothing lost" (poison_pipeline_tests/test_model.py) with its long profile:
-# 2,000 random sequences of 30 steps (about eight hours on 2 cores); the counts are printed at the
+# 2,000 random sequences of 30 steps (about twelve hours on 2 cores); the counts are printed at the
 # end. MODEL_SEQUENCES / MODEL_STEPS split it or size it.
 model: $(STAMP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-long} $(BIN)/pytest -q -p no:cacheprovider -m model poison_pipeline_tests/test_model.py
