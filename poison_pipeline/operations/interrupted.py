@@ -40,7 +40,8 @@ _ORDER = ("redrive", "edit", "purge", "undo")
 
 @dataclass
 class Completed:
-    """The interrupted actions a cycle completed, and those it left to their operator, with why."""
+    """The interrupted actions a holder completed, those it closed `abandoned` (killed before their
+    plan: nothing moved), and those it left for the next holder, with why."""
 
     completed: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
