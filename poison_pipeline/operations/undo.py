@@ -141,9 +141,12 @@ def _way(declaration: Declaration, action: Action, undo_id: str) -> str:
     """Restore when every table the action touched existed before it, each not restored yet by this
     undo is as the action left it, and every version before is still whole (a RESTORE to a version
     whose files a vacuum deleted fails, or with ignore_missing_files makes a broken table); else
-    compensate. A table that did not exist before the action has no version to restore to."""
+    compensate. A table that did not exist before the action has no version to restore to.
+    An inbound is never restored: it accepts commits that need no lease (an enqueue, the target's
+    own cycles after a redrive `--to`), and one that landed between the versions the action recorded
+    would be rolled back with it."""
     for tables, table, versions in _touched(declaration, action):
-        if versions["before"] is None:
+        if versions["before"] is None or table == INBOUND:
             return COMPENSATE
         if _restored_by(tables, table, undo_id):
             continue
