@@ -352,3 +352,23 @@ def test_an_undo_into_another_queue_killed_half_way_is_completed_by_its_queues_n
     assert places(declaration, "z") == {"n1": [INBOUND]}
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
     assert (accounted(declaration, "q"), accounted(declaration, "z")) == (2, 1)
+
+
+def test_an_undo_keeps_a_message_enqueued_while_the_redrive_ran(make_declaration, monkeypatch):
+    """An enqueue needs no lease: one that lands between the redrive's append and its `done` record
+    is in the inbound version the redrive recorded as "after", and a restore would delete it."""
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    real = redrive_module._remove_from_source
+
+    def enqueue_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        send(declaration, "q", {"n1": {}})
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(redrive_module, "_remove_from_source", enqueue_meanwhile)
+        redrive(declaration, "q", POISON, redrive_id="r1")
+    assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND], "n1": [INBOUND]}
+    undo(declaration, "r1")
+    assert places(declaration) == {"m1": [POISON], "m2": [POISON], "n1": [INBOUND]}
+    assert accounted(declaration) == 3
