@@ -39,12 +39,13 @@ def poison_ids(declaration) -> list[str]:
     return sorted(r["message_id"] for r in rows(declaration, "poison"))
 
 
-def test_undo_right_after_a_redrive_restores_the_versions_before_it(lake):  # noqa: F811
+def test_undo_right_after_a_redrive_brings_back_the_rows_as_they_were(lake):  # noqa: F811
     declaration, _ = lake
     before = rows(declaration, "poison")
     done = redrive(declaration, "q", "poison", WITHDRAWALS)
     result = undo(declaration, done.action_id, actor="carol")
-    assert (result.how, result.restored, result.unrecoverable) == ("restore", 3, [])
+    # An inbound is never restored (it accepts enqueues without the lease): the undo compensates.
+    assert (result.how, result.restored, result.unrecoverable) == ("compensate", 3, [])
     assert sorted(map(str, rows(declaration, "poison"))) == sorted(map(str, before))
     assert rows(declaration, "inbound") == []
     tables = QueueTables.of(declaration, "q")
@@ -180,7 +181,7 @@ def test_undo_right_after_an_edit_brings_the_original_body_back_and_keeps_the_ed
     original = body_of(declaration, "poison", "db-0")
     edit_id = edited(declaration, log)
     result = undo(declaration, edit_id)
-    assert (result.kind, result.how, result.restored, result.unrecoverable) == ("edit", "restore", 1, [])
+    assert (result.kind, result.how, result.restored, result.unrecoverable) == ("edit", "compensate", 1, [])
     assert body_of(declaration, "poison", "db-0") == original
     assert rows(declaration, "inbound") == []
     tables = QueueTables.of(declaration, "q")
@@ -235,7 +236,7 @@ def test_undo_of_an_edit_killed_before_it_marked_the_edit_completes_once(lake, m
     assert find_action(tables, edit_id).state == DONE
     monkeypatch.setattr(undo_module, "mark_undone", real)
     result = undo(declaration, edit_id)
-    assert (result.how, result.restored, result.unrecoverable) == ("restore", 1, [])
+    assert (result.how, result.restored, result.unrecoverable) == ("compensate", 1, [])
     assert find_action(tables, edit_id).state == UNDONE
     assert poison_ids(declaration) == ["db-0", "db-1", "db-2", "own-1"]
     assert body_of(declaration, "poison", "db-0") == original
