@@ -212,14 +212,15 @@ def test_case_13_a_purge_killed_then_a_redrive_completes_the_purge_first(make_de
     assert accounted(declaration) == 2
 
 
-@pytest.mark.parametrize("restores_made", [0, 1])
+@pytest.mark.parametrize("killed_before", [("append", 2), ("replace_batches", 1)],
+                         ids=["its-move-back", "its-removal-from-inbound"])
 def test_case_6_an_undo_killed_then_an_enqueue_then_the_undo_again_compensates_whole(make_declaration,
-                                                                                     monkeypatch, restores_made):
+                                                                                     monkeypatch, killed_before):
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
     redrive(declaration, "q", POISON, redrive_id="r1")
     with monkeypatch.context() as patch:
-        kill_before(patch, QueueWriter, "restore", restores_made + 1)
+        kill_before(patch, QueueWriter, *killed_before)
         with pytest.raises(Killed):
             undo(declaration, "r1")
     send(declaration, "q", {"n1": {}})

@@ -108,7 +108,7 @@ SCENARIOS: dict[str, Scenario] = {
                      {"e1": "done", "e1-redrive": "done"}, last_answers_done="already_done"),
     "purge": Scenario("purge", {"queue": "q", "table": "poison", "older_than": "30d", "selection": WITHDRAWALS,
                                 "id": "p1"}, {"p1": "done"}, last_answers_done="already_done"),
-    "undo redrive, restore": Scenario(
+    "undo redrive at once, compensate": Scenario(
         "undo", _undo("r1"), {"r1": "undone", "undo-r1": "done"},
         lambda spark, declaration, at: redrive(declaration, "q", "poison", Selection(**WITHDRAWALS),
                                                redrive_id="r1"),
@@ -120,7 +120,8 @@ SCENARIOS: dict[str, Scenario] = {
                                     last_answers_done="already_undone"),
     "undo purge, compensate": Scenario("undo", _undo("p1"), {"p1": "undone", "p2": "done", "undo-p1": "done"},
                                        _purged_twice, last_answers_done="already_undone"),
-    "undo edit, restore": Scenario("undo", _undo("e1"), UNDONE_EDIT, _edited, last_answers_done="already_undone"),
+    "undo edit at once, compensate": Scenario("undo", _undo("e1"), UNDONE_EDIT, _edited,
+                                              last_answers_done="already_undone"),
     "undo edit, compensate": Scenario("undo", _undo("e1"), UNDONE_EDIT, _edited_then_enqueued,
                                       FAILED | {"new-1"}, "already_undone"),
 }
@@ -157,10 +158,10 @@ COMMITS: dict[str, list[str]] = {
         'q/actions WRITE Overwrite p1:done',
         'q/plans WRITE Overwrite',
     ],
-    'undo redrive, restore': [
+    'undo redrive at once, compensate': [
         'q/actions WRITE Append undo-r1:planned',
-        'q/poison RESTORE txn poison_pipeline/undo-r1/restore@1',
-        'q/inbound RESTORE txn poison_pipeline/undo-r1/restore@1',
+        'q/poison WRITE Append txn poison_pipeline/undo-r1@1',
+        'q/inbound WRITE Overwrite',
         'q/actions WRITE Overwrite undo-r1:done',
         'q/actions WRITE Overwrite r1:undone',
     ],
@@ -185,11 +186,11 @@ COMMITS: dict[str, list[str]] = {
         'q/actions WRITE Overwrite undo-p1:done',
         'q/actions WRITE Overwrite p1:undone',
     ],
-    'undo edit, restore': [
+    'undo edit at once, compensate': [
         'q/actions WRITE Append undo-e1:planned',
         'q/actions WRITE Append undo-e1-redrive:planned',
-        'q/poison RESTORE txn poison_pipeline/undo-e1-redrive/restore@1',
-        'q/inbound RESTORE txn poison_pipeline/undo-e1-redrive/restore@1',
+        'q/poison WRITE Append txn poison_pipeline/undo-e1-redrive@1',
+        'q/inbound WRITE Overwrite',
         'q/actions WRITE Overwrite undo-e1-redrive:done',
         'q/actions WRITE Overwrite e1-redrive:undone',
         'q/actions WRITE Overwrite undo-e1:done',

@@ -366,9 +366,9 @@ def test_the_command_undoes_edits_and_names_the_one_already_processed(spark, lak
     run_cycle(spark, declaration, "q", "inbound")  # the edited db-0 is processed
     second = edit(declaration, "db-1", json.dumps({"log": str(log)}).encode()).edit_id
 
-    ran = command(config, "undo", second)  # nothing committed since: restored
+    ran = command(config, "undo", second)
     assert ran.returncode == 0, ran.stderr
-    assert f"undid edit {second} by restore (undo-{second}): 1 message(s) back where they were" in ran.stdout
+    assert f"undid edit {second} by compensate (undo-{second}): 1 message(s) back where they were" in ran.stdout
     assert body_of(declaration, "poison", "db-1") == originals["db-1"]
 
     late = command(config, "undo", first, "--json")  # db-0 was processed since: it cannot come back

@@ -22,11 +22,12 @@ from poison_pipeline.operations.undo import UndoError, format_undo, undo
 def add_parser(commands: Commands) -> None:
     sub = add_command(
         commands, "undo", "reverse a redrive, an edit or a purge (itself recorded as an action)",
-        "Undo ACTION_ID: when no other commit touched its tables since, restore each to the version it\n"
-        "had before (Delta RESTORE); otherwise move back the messages still where it put them (from\n"
-        "the table as it was before, by Delta time travel) and name those that moved on since. A purge\n"
-        "comes back from Delta time travel (until a vacuum deletes those files) and leaves the purged\n"
-        "ledger; an edit is undone through its redrive (the original body comes back).",
+        "Undo ACTION_ID. A redrive: move back the messages still where it put them (from the table as\n"
+        "it was before, by Delta time travel) and name those that moved on since. An edit: undone\n"
+        "through its redrive (the original body comes back). A purge: when no other commit touched its\n"
+        "tables since, restore each to the version it had before (Delta RESTORE); otherwise bring the\n"
+        "messages back from Delta time travel (until a vacuum deletes those files) and out of the\n"
+        "purged ledger.",
         run,
     )
     sub.add_argument("action_id", metavar="ACTION_ID", help="an action id from `actions`")

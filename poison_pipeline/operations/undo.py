@@ -2,13 +2,15 @@
 
 Two ways, as the ledger allows:
 
-- **restore**: when no other commit changed the action's tables since it finished (each still holds
-  the files of the version it left it at), every one existed before it, and the files of the
-  versions before it are all still there, every table is restored to the version it had before
-  (Delta RESTORE, itself a commit, carrying the app transaction `poison_pipeline/<undo id>/restore`);
-- **compensate**: otherwise, the messages still where the action put them are moved back, taken
-  from the table as it was before the action (Delta time travel), and those that cannot come back
-  are named, each with its reason.
+- **restore** (a purge only): when no other commit changed the purge's tables since it finished (each
+  still holds the files of the version it left it at), and the files of the versions before it are
+  all still there, every table is restored to the version it had before (Delta RESTORE, itself a
+  commit, carrying the app transaction `poison_pipeline/<undo id>/restore`);
+- **compensate**: otherwise, and always for a redrive or an edit, the messages still where the
+  action put them are moved back, taken from the table as it was before the action (Delta time
+  travel), and those that cannot come back are named, each with its reason. A redrive's target is
+  an inbound, which takes commits that need no lease (an enqueue; for a redrive `--to`, the
+  target's own cycles): a restore would roll back any that landed while the redrive ran.
 
 The undo runs under the lease of the action's queue (and of the redrive's target), once their cycles
 a kill left staged are finished: such a cycle's commits would otherwise land on messages the undo
@@ -141,12 +143,9 @@ def _way(declaration: Declaration, action: Action, undo_id: str) -> str:
     """Restore when every table the action touched existed before it, each not restored yet by this
     undo is as the action left it, and every version before is still whole (a RESTORE to a version
     whose files a vacuum deleted fails, or with ignore_missing_files makes a broken table); else
-    compensate. A table that did not exist before the action has no version to restore to.
-    An inbound is never restored: it accepts commits that need no lease (an enqueue, the target's
-    own cycles after a redrive `--to`), and one that landed between the versions the action recorded
-    would be rolled back with it."""
+    compensate. A table that did not exist before the action has no version to restore to."""
     for tables, table, versions in _touched(declaration, action):
-        if versions["before"] is None or table == INBOUND:
+        if versions["before"] is None:
             return COMPENSATE
         if _restored_by(tables, table, undo_id):
             continue
@@ -191,16 +190,14 @@ def _complete(writer: QueueWriter, record: Action, action: Action, result: UndoR
 
 def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action, actor: str, run_id: str,
                   now: datetime) -> UndoResult:
+    """Always by compensation: the target's inbound takes lease-free commits a restore would undo."""
     tables = writer.tables
     source, target = action.arguments["from"], QueueTables.of(declaration, action.arguments["to"])
     touched = [(tables, source), (target, INBOUND)]
-    recorded, how = _recorded_way(declaration, tables, action)
-    record = _begin(writer, action, actor, run_id, now, how, touched, recorded)
-    with operator_writer(declaration, target, "undo", run_id, resuming=[f"undo-{action.action_id}"]) as target_writer:
-        if how == RESTORE:
-            result = _restore({tables.queue: writer, target.queue: target_writer}, action, record.action_id)
-        else:
-            result = _compensate(writer, source, target_writer, action, record.action_id)
+    undo_id = f"undo-{action.action_id}"
+    record = _begin(writer, action, actor, run_id, now, COMPENSATE, touched, find_action(tables, undo_id))
+    with operator_writer(declaration, target, "undo", run_id, resuming=[undo_id]) as target_writer:
+        result = _compensate(writer, source, target_writer, action, record.action_id)
         if target.queue != tables.queue:  # the reverse of the redrive's intake rows
             app_id = f"poison_pipeline/{tables.queue}/{record.action_id}"
             record_intake(writer, f"undo from {target.queue}", record.action_id, result.restored, now, app_id, 1)
@@ -210,18 +207,15 @@ def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action,
     return result
 
 
-def _restore(writers: dict[str, QueueWriter], action: Action, undo_id: str, counted: str = "moved") -> UndoResult:
-    """Restore every table the action touched to its version before, each by its queue's writer,
-    the tables only its queue's holder commits to first (an inbound last: enqueues go on meanwhile),
-    each restore carrying this undo's mark; one a killed run restored already is left as it is."""
+def _restore(writer: QueueWriter, action: Action, undo_id: str) -> UndoResult:
+    """Restore every table the purge touched to its version before, each restore carrying this
+    undo's mark; one a killed run restored already is left as it is."""
     mark = [Transaction(_restore_mark(undo_id), 1)]
-    for key, versions in sorted(action.versions.items(), key=lambda item: item[0].endswith(f"/{INBOUND}")):
-        queue, table = key.split("/", 1)
-        writer = writers[queue]
+    for key, versions in sorted(action.versions.items()):
+        table = key.split("/", 1)[1]
         if not _restored_by(writer.tables, table, undo_id):
             writer.restore(table, int(versions["before"] or 0), writer.tables.open(table), also=mark)
-    restored = int(action.counts.get(counted, 0))
-    return UndoResult(undo_id, action.action_id, action.kind, RESTORE, restored=restored)
+    return UndoResult(undo_id, action.action_id, action.kind, RESTORE, restored=int(action.counts.get("purged", 0)))
 
 
 def _pairs(rows: pa.Table) -> set[tuple[str, str | None]]:
@@ -250,8 +244,8 @@ def _compensate(writer: QueueWriter, source: str, target_writer: QueueWriter, ac
     present = _rows_now(tables, source, ids)
     came_back = {m for m, _ in _pairs(present) & _pairs(moved_then)}
     if _restored_by(target, INBOUND, undo_id):
-        # A killed run of this undo restored the inbound (the redrive's rows left it, none taken by a
-        # cycle: it restored only an inbound as the redrive left it): all of them come back.
+        # A run of this undo by an earlier version, which restored inbounds, was killed after
+        # restoring this one (only as the redrive left it): the redrive's rows all left it.
         still = set(ids)
     back = moved_then.filter(pc.and_(
         pc.is_in(moved_then["message_id"], value_set=pa.array(sorted(still), pa.string())),
@@ -332,7 +326,7 @@ def _undo_purge(declaration: Declaration, writer: QueueWriter, action: Action, a
     plan = _purge_back(tables, source, action) if how == COMPENSATE else None
     record = _begin(writer, action, actor, run_id, now, how, touched, recorded)
     if plan is None:
-        result = _restore({tables.queue: writer}, action, record.action_id, counted="purged")
+        result = _restore(writer, action, record.action_id)
     else:
         result = _compensate_purge(writer, source, action, record.action_id, plan)
     _complete(writer, record, action, result, touched)
