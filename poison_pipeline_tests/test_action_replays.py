@@ -373,3 +373,26 @@ def test_an_undo_keeps_a_message_enqueued_while_the_redrive_ran(make_declaration
     undo(declaration, "r1")
     assert places(declaration) == {"m1": [POISON], "m2": [POISON], "n1": [INBOUND]}
     assert accounted(declaration) == 3
+
+
+def test_an_undo_of_a_redrive_to_another_queue_completed_after_that_queue_moved_them_on(make_declaration,
+                                                                                         monkeypatch):
+    """A redrive `--to` killed after its moves, the target's cycle takes the messages on, the source's
+    cycle completes the redrive, then `undo`: they cannot come back, and stay where the target put them."""
+    declaration = lake(make_declaration, "qc", "qa")
+    send(declaration, "qa", {"a1": {}})
+    cycle(declaration, "qa")  # qa's tables exist before the redrive: a restore would have a version to go to
+    send(declaration, "qc", {"m1": {"fail": True}, "m2": {"fail": True}})
+    cycle(declaration, "qc")
+    with monkeypatch.context() as patch:
+        kill_before(patch, redrive_module, "_remove_from_source", 1)
+        with pytest.raises(Killed):
+            redrive(declaration, "qc", POISON, to="qa", redrive_id="r5")
+    cycle(declaration, "qa")
+    assert places(declaration, "qa") == {"a1": ["processed:processed"], "m1": [POISON], "m2": [POISON]}
+    assert cycle(declaration, "qc").interrupted.completed == ["r5"]
+    result = undo(declaration, "r5")
+    assert (result.how, result.restored, result.unrecoverable) == ("compensate", 0, ["m1", "m2"])
+    assert places(declaration, "qc") == {}
+    assert places(declaration, "qa") == {"a1": ["processed:processed"], "m1": [POISON], "m2": [POISON]}
+    assert (accounted(declaration, "qc"), accounted(declaration, "qa")) == (0, 3)
