@@ -1,6 +1,8 @@
 """A driver of its own for the cluster tests, as a deployment's process would be:
-`python -m poison_pipeline_tests.cluster_process CONFIG [--dagster] STEP...` where a STEP is a
-waiting table of queue `q` to run a cycle of, or `@FILE` (JSON list of envelopes) to enqueue.
+`python -m poison_pipeline_tests.cluster_process CONFIG [--dagster] [--big] STEP...` where a STEP is
+a waiting table of queue `q` to run a cycle of, or `@FILE` (JSON list of envelopes) to enqueue.
+`--big`: every cycle takes the big path (duplicates, ended conversations and blocked ones found by
+joins in Spark, which reads the ledgers), however few its messages.
 
 Cycles run with the declaration's Spark settings (`run_cycle`), or with `--dagster` as runs of the
 product's own cycle job (its Spark resource honours $POISON_PIPELINE_SPARK_REMOTE). Prints one JSON
@@ -35,9 +37,13 @@ def _dagster_cycle(config: str, table: str) -> dict[str, object]:
 def main(config: str, *steps: str) -> None:
     declaration = load_declaration(config)
     dagster = "--dagster" in steps
+    if "--big" in steps:
+        from poison_pipeline.engine import cycle
+
+        cycle.SMALL_BATCH = 0
     spark = None
     for step in steps:
-        if step == "--dagster":
+        if step in ("--dagster", "--big"):
             continue
         if step.startswith("@"):
             with open(step[1:]) as records:

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration
 from poison_pipeline.engine.session import build_session
+from poison_pipeline_tests import s3_support
 from poison_pipeline_tests.fuzz_support import COUNTS, active_profile, register_profiles
 
 SPARK = SparkSettings(master="local[2]", config={"spark.sql.shuffle.partitions": "2"})
@@ -30,6 +31,13 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, str]]:
+    """The run's S3-compatible server (moto's on 127.0.0.1, started at its first use); the storage
+    options that reach it."""
+    yield from s3_support.serve()
 
 
 @pytest.fixture

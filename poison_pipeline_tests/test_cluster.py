@@ -17,12 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import pytest
 
 from poison_pipeline.defs.resources import REMOTE_ENV
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration
 from poison_pipeline.engine.local_servers import ConnectServer, SparkProcess, alive, start_connect_server
+from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.uri import fs_of
 from poison_pipeline_tests.dagster_support import write_config
+from poison_pipeline_tests.s3_support import fresh_root
 from poison_pipeline_tests.standalone import StandaloneCluster, start_cluster
 from poison_pipeline_tests.support import HANDLER, attempts_of, places
 
@@ -68,8 +72,9 @@ def connect_server(tmp_path: Path) -> Iterator[ConnectServer]:
         yield server
 
 
-def _declaration(tmp_path: Path, spark: dict[str, Any]) -> tuple[Declaration, str]:
-    declaration = parse_declaration({"lake_root": str(tmp_path / "lake"), "spark": spark,
+def _declaration(tmp_path: Path, spark: dict[str, Any], **lake: Any) -> tuple[Declaration, str]:
+    """`lake`: lake_root and storage_options (default: a folder of the test's own)."""
+    declaration = parse_declaration({"lake_root": str(tmp_path / "lake"), **lake, "spark": spark,
                                      "queues": {"q": {"handler": HANDLER, "policy": POLICY}}})
     return declaration, str(write_config(declaration, tmp_path / "declaration.yaml"))
 
@@ -134,6 +139,22 @@ def test_a_full_cycle_on_a_standalone_cluster_of_two_workers(cluster: Standalone
     assert len(executors) == 2, executors
     # Nothing of the cycles is left where only one process could read it.
     assert not list((Path(declaration.lake_root) / "q" / "_work" / "staging").glob("*/*"))
+
+
+def test_a_full_cycle_on_a_standalone_cluster_with_the_lake_on_the_s3_server(
+        cluster: StandaloneCluster, s3_server: dict[str, str], tmp_path: Path) -> None:
+    """The workers reach the S3 lake with the lake's storage options alone: no Hadoop connector on
+    any JVM; the due messages and the ledgers are read, and the results staged, through Arrow."""
+    declaration, config = _declaration(tmp_path, {"master": cluster.url, "config": EXECUTORS},
+                                       lake_root=fresh_root("cluster"), storage_options=s3_server)
+    reports = _drive(config, ["--big", *_scenario(tmp_path)])
+    _check_tables(declaration)
+    assert [r["table"] for r in reports[:-1]] == ["inbound", "inbound", "retry_1", "poison"]
+    executors = [p for worker in cluster.workers for p in (worker.log.parent / "work").glob("app-*/*")]
+    assert len(executors) == 2, executors
+    fs, staging = fs_of(QueueTables.of(declaration, "q").work_uri("staging"), s3_server)
+    assert [info.path for info in fs.get_file_info(pafs.FileSelector(staging, recursive=True, allow_not_found=True))
+            if info.type == pafs.FileType.File] == []
 
 
 def test_dagster_runs_of_the_declaration_on_a_spark_connect_server(connect_server: ConnectServer,

@@ -1,16 +1,10 @@
 """The plain files under a lake root (intake notes, in-flight markers, staged results) on an object
 store and on a local folder: opened with the lake's storage options, written whole or not at all.
 
-The object store is an S3 server of moto's on 127.0.0.1, started for this module and stopped by
-its process id."""
+The object store is the test run's S3 server (`s3_server`, conftest)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,8 +17,7 @@ from poison_pipeline.engine import staged
 from poison_pipeline.storage.inflight import Marker, culprits, note_timeout, remove_timeout_note
 from poison_pipeline.storage.journal import list_files, read_json, remove_file, remove_tree, write_json
 from poison_pipeline.storage.uri import fs_of, whole
-
-BUCKET = "lake-bucket"
+from poison_pipeline_tests.s3_support import fresh_root
 
 
 class Lake(NamedTuple):
@@ -32,55 +25,12 @@ class Lake(NamedTuple):
     storage_options: dict[str, str]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[dict[str, str]]:
-    """A moto S3 server on 127.0.0.1 with one bucket; the storage options that reach it."""
-    boto3 = pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the moto S3 server did not start") from None
-                time.sleep(0.1)
-        endpoint = f"http://127.0.0.1:{port}"
-        options = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                   "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        yield options
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
-_counter = iter(range(1_000_000))
-
-
 @pytest.fixture(params=["s3", "local"])
 def lake(request: pytest.FixtureRequest, tmp_path: Path) -> Lake:
     if request.param == "local":
         return Lake(str(tmp_path / "lake"), {})
     options = request.getfixturevalue("s3_server")
-    return Lake(f"s3://{BUCKET}/lake{next(_counter)}", options)  # a lake of its own per test
+    return Lake(fresh_root(), options)  # a lake of its own per test
 
 
 def _objects(lake: Lake, folder: str) -> list[str]:
@@ -224,9 +174,8 @@ def test_a_small_cycle_on_an_object_store_lake_processes_everything_and_balances
     from poison_pipeline.storage.tables import QueueTables
     from poison_pipeline_tests.support import places
 
-    # Delta commits on S3 need a safe put-if-absent: moto's conditional put, as S3's own.
-    options = {**s3_server, "AWS_CONDITIONAL_PUT": "etag"}
-    root = f"s3://{BUCKET}/cycle-lake{next(_counter)}"
+    options = s3_server
+    root = fresh_root("cycle-lake")
     declaration = parse_declaration({
         "lake_root": root, "storage_options": options, "small_cycles": {"max_messages": 1000},
         "lease": {"wait": "30s", "expiry": "30s"},

@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.broker.conversations import (
     UnfinishedCleanup,
@@ -39,6 +38,7 @@ from poison_pipeline.engine.ordering import (
     mark_blocked,
     sorted_in_conversation_order,
 )
+from poison_pipeline.engine.reading import read_files
 from poison_pipeline.engine.recovery import finish_staged
 from poison_pipeline.engine.staging import stage_on_spark
 from poison_pipeline.operations.interrupted import Completed, complete_interrupted
@@ -118,6 +118,11 @@ def _due_ids(tables: QueueTables, table: str, stats: TableStats) -> pa.Table:
     paths = [uri.removeprefix(root) for uri in stats.due_files]
     due = files_dataset(tables.uri(table), tables.storage_options, paths, None, schemas.MESSAGE)
     return due.to_table(columns=_ID_COLUMNS)
+
+
+def _due(spark: SparkSession, tables: QueueTables, stats: TableStats) -> DataFrame:
+    """A big cycle's due messages, in Spark."""
+    return read_files(spark, list(stats.due_files), schemas.MESSAGE, tables.storage_options, sizes=stats.due_sizes)
 
 
 # A session, or what builds one: a small cycle never needs Spark, so a run that only has small
@@ -217,7 +222,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
     else:
         duplicates = Duplicates(frozenset(), frozenset())
         session = _session(spark)
-        batch = session.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
+        batch = _due(session, tables, stats)
         batch = mark_ended(session, mark_duplicates(session, batch, ledger, held), tables)
         if ordered:
             batch = mark_blocked(session, batch, tables, table)
@@ -242,7 +247,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
         deliver = functools.partial(local.stage, rows, staging=entry.staging)
     else:
         if batch is None:
-            batch = _session(spark).read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*stats.due_files)
+            batch = _due(_session(spark), tables, stats)
         deliver = functools.partial(stage_on_spark, in_conversation_order(batch) if ordered else batch,
                                     staging=entry.staging, null_columns=stats.null_columns)
     with held:

@@ -25,6 +25,8 @@ from pyspark.sql import functions as F
 from poison_pipeline.domain.routing import PROCESSED, Disposition
 from poison_pipeline.engine.batch import DUPLICATE_COLUMN
 from poison_pipeline.engine.id_hashes import HASH_COLUMN, id_hashes
+from poison_pipeline.engine.reading import read_files
+from poison_pipeline.engine.session import cores
 from poison_pipeline.storage.files import files_dataset, log_names
 from poison_pipeline.storage.tables import QueueTables
 
@@ -75,6 +77,14 @@ class Ledger:
 
     def uris(self, paths: Iterable[str]) -> list[str]:
         return [f"{self.tables.uri(PROCESSED)}/{path}" for path in paths]
+
+    def read(self, spark: SparkSession, uris: list[str], schema: pa.Schema,
+             file_column: str | None = None) -> DataFrame:
+        """The files `uris` in Spark, with `schema`'s columns (and each row's file, as a URI the
+        reader reads again, as `file_column`)."""
+        root = f"{self.tables.uri(PROCESSED)}/"
+        return read_files(spark, uris, schema, self.tables.storage_options,
+                          sizes=[self.sizes.get(uri.removeprefix(root), 0) for uri in uris], file_column=file_column)
 
 
 @dataclass(frozen=True)
@@ -140,9 +150,9 @@ def _twins_settings(spark: SparkSession) -> dict[str, str]:
     partitions, fewer or more, were coalesced into uneven tasks (4 into 3 on 2 cores, one core idle
     for the last third), and the adaptive plan ran the job as two, each paying its scheduling."""
     settings = {_BYPASS_PARTIAL: "true"}
-    context = getattr(spark, "sparkContext", None)  # not on Spark Connect
-    if context is not None:
-        settings[_SHUFFLE_PARTITIONS] = str(context.defaultParallelism)
+    known = cores(spark)
+    if known is not None:
+        settings[_SHUFFLE_PARTITIONS] = str(known)
         settings[_ADAPTIVE] = "false"
     return settings
 
@@ -187,16 +197,17 @@ def mark_duplicates(spark: SparkSession, batch: DataFrame, ledger: Ledger, held:
     processed and for every copy but the earliest enqueued of an id repeated in the batch. What it
     caches for the job that reads the result is released when `held` closes."""
     ids = batch.select("message_id", "batch_id", "enqueued_at")
-    files = list(ledger.uris(ledger.legacy))
+    files = ledger.uris(ledger.legacy)
     if ledger.hashed:
         hashes = ids.select(F.xxhash64("message_id").alias(HASH_COLUMN)).distinct()
-        hits = (spark.read.parquet(*ledger.uris(ledger.hashed)).select(HASH_COLUMN, F.input_file_name().alias("file"))
+        hits = (ledger.read(spark, ledger.uris(ledger.hashed), pa.schema([_LEDGER.field(HASH_COLUMN)]),
+                            file_column="file")
                 .join(hashes, HASH_COLUMN, "left_semi").select("file").distinct().collect())
         files += sorted(r["file"] for r in hits)  # one row per ledger file with a hit, not per message
     found = [] if (twins := _twins(ids)) is None else [twins]
     if files:
-        done = (spark.read.parquet(*files).where(F.col("disposition") == _PROCESSED)
-                .select("message_id").distinct())
+        done = (ledger.read(spark, files, _LEDGER.remove(_LEDGER.get_field_index(HASH_COLUMN)))
+                .where(F.col("disposition") == _PROCESSED).select("message_id").distinct())
         found.append(ids.join(done, "message_id", "left_semi").select("message_id", "batch_id"))
     if not found:
         return batch  # the common case: one job over the batch's id hashes, no join

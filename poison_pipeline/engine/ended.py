@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.broker.conversations import ENDED
 from poison_pipeline.engine.batch import ENDED_COLUMN
+from poison_pipeline.engine.reading import read_files
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import CONVERSATIONS, QueueTables
 
@@ -18,7 +18,7 @@ def mark_ended(spark: SparkSession, batch: DataFrame, tables: QueueTables) -> Da
     files = tables.open(CONVERSATIONS).file_uris() if tables.exists(CONVERSATIONS) else []
     if not files:
         return batch
-    ended = (spark.read.schema(from_arrow_schema(schemas.CONVERSATIONS)).parquet(*files)
+    ended = (read_files(spark, files, schemas.CONVERSATIONS, tables.storage_options)
              .where(F.col("state") == ENDED).select("conversation_id").distinct()
              .withColumn(ENDED_COLUMN, F.lit(True)))
     # A message without a conversation matches nothing and keeps its row.

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.engine.batch import BLOCKED_COLUMNS, Blocked
+from poison_pipeline.engine.reading import read_files
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import QueueTables
 
@@ -79,7 +79,7 @@ def mark_blocked(spark: SparkSession, batch: DataFrame, tables: QueueTables, tab
         files = tables.open(other).file_uris() if other != table and tables.exists(other) else []
         if not files:
             continue
-        rows = spark.read.schema(from_arrow_schema(schemas.MESSAGE)).parquet(*files).where(
+        rows = read_files(spark, files, schemas.MESSAGE, tables.storage_options).where(
             F.col("conversation_id").isNotNull() & F.col("sequence_number").isNotNull())
         heads.append(rows.groupBy("conversation_id").agg(F.min("sequence_number").alias(sequence),
                                                          F.min("due_at").alias(due))

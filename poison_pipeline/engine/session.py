@@ -64,3 +64,9 @@ def build_session(settings: SparkSettings) -> SparkSession:
         if settings.remote is None or key.startswith("spark.sql."):
             builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def cores(spark: SparkSession) -> int | None:
+    """The cores the session's executors have, where it knows them (a Spark Connect client does not)."""
+    context = getattr(spark, "sparkContext", None)
+    return None if context is None else int(context.defaultParallelism)

@@ -101,6 +101,7 @@ class TableStats:
     next_due: datetime | None
     # Columns null in every due file, by the log's statistics (null counts equal to row counts).
     null_columns: tuple[str, ...] = ()
+    due_sizes: tuple[int, ...] = ()  # of due_files, in bytes, as the log gives them
 
 
 def _null_columns(actions: pa.Table) -> tuple[str, ...]:
@@ -295,7 +296,7 @@ class QueueTables:
         rows = actions["num_records"].combine_chunks()
         oldest_col = f"min.{_ARRIVAL.get(table, 'entered_at')}"
         oldest = pc.min(actions[oldest_col]).as_py() if oldest_col in actions.column_names else None
-        due_rows, due_files, due_batches, next_due, null_columns = 0, (), (), None, ()
+        due_rows, due_files, due_batches, next_due, null_columns, due_sizes = 0, (), (), None, (), ()
         if "max.due_at" in actions.column_names:
             dues = actions["max.due_at"].combine_chunks()
             due = pc.fill_null(pc.less_equal(dues, pa.scalar(now).cast(dues.type)), False).to_numpy(
@@ -311,6 +312,7 @@ class QueueTables:
             later = pc.fill_null(pc.greater(dues, pa.scalar(now).cast(dues.type)), False)
             next_due = pc.min(dues.filter(pc.and_(later, pa.array(~taken)))).as_py()
             null_columns = _null_columns(actions.filter(picked))
+            due_sizes = tuple(actions["size_bytes"].combine_chunks().filter(picked).to_pylist())
         return TableStats(
             version=target.version(),
             rows=pc.sum(rows).as_py() or 0,
@@ -321,4 +323,5 @@ class QueueTables:
             due_files=due_files,
             next_due=next_due,
             null_columns=null_columns,
+            due_sizes=due_sizes,
         )

@@ -1,0 +1,59 @@
+"""The test run's S3-compatible server: moto's, on 127.0.0.1, started once and stopped by its
+process id, with one bucket; each test takes a lake of its own under a fresh prefix."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+BUCKET = "lake-bucket"
+_prefixes = itertools.count()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def fresh_root(name: str = "lake") -> str:
+    """A lake root in the bucket that no other test of this run uses."""
+    return f"s3://{BUCKET}/{name}{next(_prefixes)}"
+
+
+def serve() -> Iterator[dict[str, str]]:
+    """Run the server while the generator is open; yields the storage options that reach it,
+    Delta's conditional put included (S3's own, which moto serves: safe concurrent commits)."""
+    import boto3
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the moto S3 server did not start") from None
+                time.sleep(0.1)
+        endpoint = f"http://127.0.0.1:{port}"
+        options = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                   "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "AWS_CONDITIONAL_PUT": "etag"}
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield options
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
