@@ -50,6 +50,7 @@ BENCHMARKS = (
     Benchmark("lease_overhead", quick=("--rounds", "20")),
     Benchmark("ordering_cost", quick=("--messages", "10000", "--conversations", "250", "--rounds", "1")),
     Benchmark("redrive_backfill", quick=("--days", "3", "--per-day", "100", "--rounds", "1")),
+    Benchmark("lake_reader"),
 )
 
 

@@ -30,15 +30,19 @@ from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import Fenced, queue_writer
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.recording_handlers import read_lines
+from poison_pipeline_tests.s3_support import fresh_root
 from poison_pipeline_tests.support import places
 
 QUICK = LeaseSettings(wait="300ms", expiry="600ms")
 
 
-def write_config(folder: Path, wait: str, expiry: str, master: str = SPARK.master) -> Path:
+def write_config(folder: Path, wait: str, expiry: str, master: str = SPARK.master,
+                 store: dict[str, Any] | None = None) -> Path:
+    """`store`: lake_root and storage_options of a lake on the S3 server (default: a folder)."""
     config = folder / "poison_pipeline.yaml"
     config.write_text(yaml.safe_dump({
         "lake_root": str(folder / "lake"),
+        **(store or {}),
         "spark": {**SPARK.model_dump(), "master": master},
         "lease": {"wait": wait, "expiry": expiry},
         "queues": {"q": {"handler": "poison_pipeline_tests.recording_handlers:recording",
@@ -197,9 +201,17 @@ def test_two_starters_that_see_the_released_lease_at_the_same_moment_never_both_
 
 # -- cycles, processes and commands ---------------------------------------------------------
 
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest) -> dict[str, Any] | None:
+    """Where the lake of a multi-process test lives: a folder, or the S3 server."""
+    if request.param == "local":
+        return None
+    return {"lake_root": fresh_root("lease"), "storage_options": request.getfixturevalue("s3_server")}
+
+
 @pytest.mark.e2e
-def test_two_processes_started_together_never_run_a_handler_twice(tmp_path):
-    config = write_config(tmp_path, wait="5m", expiry="30s", master="local[1]")
+def test_two_processes_started_together_never_run_a_handler_twice(tmp_path, store):
+    config = write_config(tmp_path, wait="5m", expiry="30s", master="local[1]", store=store)
     declaration = load_declaration(config)
     log = tmp_path / "calls.jsonl"
     send(declaration, 2000, log=str(log))
@@ -212,8 +224,9 @@ def test_two_processes_started_together_never_run_a_handler_twice(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_holder_killed_with_kill_9_loses_the_lease_and_the_next_starter_recovers_the_cycle(spark, tmp_path):
-    config = write_config(tmp_path, wait="2m", expiry="3s", master="local[1]")
+def test_a_holder_killed_with_kill_9_loses_the_lease_and_the_next_starter_recovers_the_cycle(spark, tmp_path,
+                                                                                            store):
+    config = write_config(tmp_path, wait="2m", expiry="3s", master="local[1]", store=store)
     declaration = load_declaration(config)
     gate, log = tmp_path / "gate", tmp_path / "calls.jsonl"
     gate.touch()
