@@ -51,3 +51,19 @@ def make_declaration(tmp_path: Path):
         )
 
     return build
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.e2e)])
+def make_any_declaration(request: pytest.FixtureRequest, make_declaration):
+    """`make_declaration` for a lake in this test's folder, and (an e2e test) for one on the S3 server."""
+    if request.param == "local":
+        return make_declaration
+    options = request.getfixturevalue("s3_server")
+
+    def build(queues: dict[str, Any], **settings: Any) -> Declaration:
+        # A commit to the local S3 server takes up to a second on a loaded machine: a lease expiring
+        # sooner would expire while its holder renews it.
+        settings["lease"] = {**settings.get("lease", {}), "expiry": "4s"}
+        return make_declaration(queues, lake_root=s3_support.fresh_root(), storage_options=options, **settings)
+
+    return build

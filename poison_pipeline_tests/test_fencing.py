@@ -59,7 +59,7 @@ def _message(message_id: str, batch: str) -> pa.Table:
 def _paused_holder(tables: QueueTables, snapshots: bool) -> QueueWriter:
     """A holder of the lease whose renewals stopped (its process froze) and whose own check passes
     (it froze right after making it); with `snapshots`, it read every table before freezing."""
-    lease = Lease(tables.uri(LEASE_TABLE), tables.queue, {}, QUICK, "paused", "paused")
+    lease = Lease(tables.uri(LEASE_TABLE), tables.queue, tables.storage_options, QUICK, "paused", "paused")
     lease.acquire()
     lease._stop.set()  # the renewer froze with its process
     lease.check = lambda: None  # type: ignore[method-assign]
@@ -84,8 +84,8 @@ COMMITS: dict[str, Callable[[QueueWriter], None]] = {
 @pytest.mark.parametrize("snapshots", [False, True], ids=["read after the takeover", "read before it"])
 @pytest.mark.parametrize("kind", sorted(COMMITS))
 def test_a_holder_paused_past_its_lease_cannot_commit_once_another_took_it(
-        make_declaration: Callable[..., Declaration], kind: str, snapshots: bool) -> None:
-    declaration = make_declaration({"q": {"handler": "poison_pipeline_tests.handlers:accept"}},
+        make_any_declaration: Callable[..., Declaration], kind: str, snapshots: bool) -> None:
+    declaration = make_any_declaration({"q": {"handler": "poison_pipeline_tests.handlers:accept"}},
                                    lease={"wait": "20s", "expiry": "800ms"})
     tables = QueueTables.of(declaration, "q")
     tables.ensure()
