@@ -50,7 +50,7 @@ from poison_pipeline.cli.common import (
 )
 from poison_pipeline.domain.declaration import DeclarationError
 from poison_pipeline.storage.control import StateNotRecorded
-from poison_pipeline.storage.faults import StorageFailure
+from poison_pipeline.storage.faults import StorageFailure, store_problem
 from poison_pipeline.storage.lease import LeaseHeld, LeaseLost
 
 __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parser", "console_main",
@@ -109,8 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INCOMPLETE
     except (DeltaError, OSError) as error:
         # The lake itself failed (unreachable store, permissions, a damaged log): say which.
+        problem = store_problem(error)
         said = " ".join(str(error).split())
-        print(f"{PROG} {args.command}: error: {type(error).__name__}: {said}", file=sys.stderr)
+        print(f"{PROG} {args.command}: error: {problem or type(error).__name__ + ': ' + said}", file=sys.stderr)
         return EXIT_INCOMPLETE
 
 

@@ -63,6 +63,38 @@ def _describe(error: BaseException, code: int | None) -> str:
     return f"{os.strerror(code)} [{name}] ({said})"
 
 
+# What an object store answers when the lake cannot be reached at all, and what to tell the user:
+# the store and the setting to look at. Matched on object_store's words; values of the storage
+# options are never repeated (they may be credentials).
+_UNREACHABLE = (
+    (re.compile(r"NoSuchBucket|BucketNotFound|ContainerNotFound|The specified (bucket|container) does not exist"),
+     "the bucket or container of lake_root does not exist on the store{bucket}: create it, or correct lake_root"),
+    (re.compile(r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|AuthenticationFailed|"
+                r"AuthorizationFailure|Forbidden|403 Forbidden|401 Unauthorized|ExpiredToken"),
+     "the store refused the credentials{endpoint}: check the credentials in storage_options "
+     "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_SERVICE_ACCOUNT, ...) "
+     "or the environment"),
+    (re.compile(r"tcp connect error|dns error|Connection refused|error sending request|timed out"),
+     "the store cannot be reached{endpoint}: check storage_options.AWS_ENDPOINT_URL (or the store's "
+     "endpoint option), the network, and AWS_ALLOW_HTTP for an http:// endpoint"),
+)
+_BUCKET = re.compile(r"<BucketName>([^<]+)</BucketName>")
+_ENDPOINT = re.compile(r"(?:GET|PUT|HEAD|POST|DELETE) (https?://[^/\s?]+)")
+
+
+def store_problem(error: BaseException) -> str | None:
+    """What is wrong with the store, for a person, when `error` says the lake cannot be reached at
+    all (no such bucket, credentials refused, no route to the endpoint); None for any other error."""
+    said = _COLOURS.sub("", str(error))
+    for pattern, advice in _UNREACHABLE:
+        if pattern.search(said):
+            bucket = _BUCKET.search(said)
+            endpoint = _ENDPOINT.search(said)
+            return advice.format(bucket=f" (bucket {bucket.group(1)!r})" if bucket else "",
+                                 endpoint=f" (endpoint {endpoint.group(1)})" if endpoint else "")
+    return None
+
+
 def is_fault(error: BaseException) -> bool:
     """An error of the storage itself, as opposed to a lost commit race or invalid data."""
     if isinstance(error, StorageFailure):
