@@ -7,8 +7,8 @@ tasks that an object-store lake uses (engine/reading.py).
 Writes N messages (as cycle_throughput: 200-byte JSON bodies, 1% poison, 0.5% transient) to the
 inbound tables of four queues, in K commits each, then times one `run_cycle(..., "inbound")` of each
 in one Spark session, every reader used for every read of the cycle (due messages, ledger): Spark's,
-Arrow's, Arrow's, Spark's, so that the order favours neither. The product keeps Spark's reader on a
-local lake while `arrow_over_spark` is above 1.
+Arrow's, Arrow's, Spark's, so that the order favours neither. `arrow_over_spark` below 1 would
+make Arrow tasks the better reader on a local lake too.
 
 Prints one JSON line on stdout; everything else (Spark's logs included) goes to stderr.
 """

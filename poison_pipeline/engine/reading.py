@@ -4,8 +4,9 @@ object store.
 Spark's reader reaches an object store through Hadoop's connectors (for S3, `hadoop-aws` and the AWS
 SDK: Maven artifacts that every executor needs, matched to the cluster's Hadoop). Arrow tasks reach
 it as the rest of the product does, through pyarrow and delta-rs's object_store with the lake's
-`storage_options`, so a worker needs only this package's pip dependencies. On a local disk Spark's
-vectorized reader is the faster of the two (`benchmarks/lake_reader.py`), so it stays there.
+`storage_options`, so a worker needs only this package's pip dependencies. On a local or mounted
+folder Spark's own reader needs no connector and stays; `benchmarks/lake_reader.py` times a big
+cycle with each reader on a local lake.
 
 An Arrow task reads a part of the files: a file the Delta log shows larger than `_PART_BYTES` is
 split into parts that each read every n-th of its row groups, so one big enqueue is still read (and
@@ -20,6 +21,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.engine.session import cores
@@ -43,11 +45,7 @@ def read_files(session: SparkSession, uris: Sequence[str], schema: pa.Schema, st
         arrow = bool(uris) and not is_local(uris[0])
     if not arrow:
         frame = session.read.schema(from_arrow_schema(schema)).parquet(*uris)
-        if file_column is None:
-            return frame
-        from pyspark.sql import functions as F
-
-        return frame.withColumn(file_column, F.input_file_name())
+        return frame if file_column is None else frame.withColumn(file_column, F.input_file_name())
     parts = [(uri, part, count) for uri, size in zip(uris, sizes or [0] * len(uris), strict=True)
              for count in [max(1, math.ceil(size / _PART_BYTES))] for part in range(count)]
     out = schema if file_column is None else schema.append(pa.field(file_column, pa.string()))
