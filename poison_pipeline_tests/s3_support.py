@@ -25,15 +25,17 @@ def fresh_root(name: str = "lake") -> str:
     return f"s3://{BUCKET}/{name}{next(_prefixes)}"
 
 
-def serve() -> Iterator[dict[str, str]]:
+def serve(log: str | None = None) -> Iterator[dict[str, str]]:
     """Run the server while the generator is open; yields the storage options that reach it: an
     endpoint and credentials only, as a user gives them (delta-rs 1.x commits with S3's conditional
-    writes by default, which moto serves: concurrent commits are safe without another option)."""
+    writes by default, which moto serves: concurrent commits are safe without another option).
+    `log`: a file that gets the server's request log, one line per request."""
     import boto3
 
     port = free_port()
+    errors = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the server
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -58,3 +60,5 @@ def serve() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        if log:
+            errors.close()  # type: ignore[union-attr]

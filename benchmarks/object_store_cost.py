@@ -1,0 +1,139 @@
+"""What a lake on an object store costs, as requests: latency and price on S3 are per request.
+
+    .venv/bin/python benchmarks/object_store_cost.py [--commits N | --quick]
+
+Starts an S3-compatible server (moto's, on 127.0.0.1, stopped by its process id) and counts, in
+its request log, every request any part of the product makes (delta-rs, pyarrow through
+delta-rs's object_store). Then:
+
+- seeds queue `q` with N enqueues of one message each (N commits and N files in its inbound log,
+  with the checkpoints delta-rs writes every 100 commits; not counted);
+- counts the requests of one idle sensor evaluation (the inbound sensor's `decide`, nothing due:
+  the queue's `retry_1` table, empty of due messages) and one with messages due (inbound);
+- counts the requests of a 100-message inbound cycle (small path, no Spark) on a fresh queue.
+
+Prints one JSON line; targets: an idle sensor evaluation at most 10 requests whatever N, a
+100-message cycle at most 100 requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from cycle_throughput import emit  # noqa: E402
+
+from poison_pipeline.defs.sensors import decide  # noqa: E402
+from poison_pipeline.domain.declaration import Declaration, parse_declaration  # noqa: E402
+from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
+from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+from poison_pipeline.storage.tables import QueueTables  # noqa: E402
+from poison_pipeline_tests import s3_support  # noqa: E402
+
+TARGETS = {"idle_sensor_requests": 10, "cycle_100_requests": 100}
+HANDLER = "poison_pipeline_tests.handlers:accept"
+
+
+class RequestLog:
+    """The server's request log: counts the requests made since the last `reset`, by method."""
+
+    _LINE = re.compile(r'"(?:\x1b\[[0-9;]*m)?(GET|PUT|POST|DELETE|HEAD) ')
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seen = 0
+
+    def _methods(self) -> list[str]:
+        time.sleep(0.2)  # the server writes its log line after the answer
+        with open(self.path, errors="replace") as log:
+            return [m.group(1) for line in log if (m := self._LINE.search(line))]
+
+    def reset(self) -> None:
+        self.seen = len(self._methods())
+
+    def since(self) -> Counter[str]:
+        return Counter(self._methods()[self.seen:])
+
+
+def _declaration(root: str, options: dict[str, str]) -> Declaration:
+    return parse_declaration({
+        "lake_root": root, "storage_options": options, "small_cycles": {"max_messages": 1000},
+        "lease": {"wait": "60s", "expiry": "30s"},
+        "queues": {q: {"handler": HANDLER, "policy": {"receive_retry_count": 0, "max_retry_cycles": 1,
+                                                     "retry_cycle_delay": "1h"}}
+                   for q in ("q", "fresh")}})
+
+
+def _no_spark() -> Any:
+    raise AssertionError("a 100-message cycle takes the small path: no Spark")
+
+
+def _requests(log: RequestLog, action: Any) -> tuple[int, dict[str, int], float]:
+    log.reset()
+    started = time.perf_counter()
+    action()
+    seconds = time.perf_counter() - started
+    counts = log.since()
+    return sum(counts.values()), dict(counts), seconds
+
+
+def run(commits: int, workdir: str) -> dict[str, Any]:
+    load_start = os.getloadavg()
+    server = s3_support.serve(log=os.path.join(workdir, "requests.log"))
+    options = next(server)
+    try:
+        proxy = RequestLog(os.path.join(workdir, "requests.log"))
+        declaration = _declaration(s3_support.fresh_root("cost"), options)
+        for i in range(commits):
+            enqueue(declaration, "q", [{"message_id": f"s{i}", "message_type": "t", "body": {}}])
+        tables = QueueTables.of(declaration, "q")
+        now = datetime.now(UTC)
+        decide(tables, "inbound", {}, now)  # as a long-lived code server would have: imports done
+        idle, idle_by, _ = _requests(proxy, lambda: decide(tables, "retry_1", {}, now))
+        due, due_by, _ = _requests(proxy, lambda: decide(tables, "inbound", {}, now))
+        batch = [{"message_id": f"m{i}", "message_type": "t", "body": {}} for i in range(100)]
+        enqueue(declaration, "fresh", batch)
+        cycle, cycle_by, cycle_s = _requests(proxy, lambda: run_cycle(_no_spark, declaration, "fresh", "inbound"))
+    finally:
+        for _ in server:
+            pass
+    figures = {"idle_sensor_requests": idle, "cycle_100_requests": cycle}
+    return {
+        "benchmark": "object_store_cost",
+        "inbound_commits": commits,
+        "idle_sensor_requests": idle,
+        "idle_sensor_by_method": idle_by,
+        "due_sensor_requests": due,
+        "due_sensor_by_method": due_by,
+        "cycle_100_requests": cycle,
+        "cycle_100_by_method": cycle_by,
+        "cycle_100_seconds": round(cycle_s, 2),
+        "targets": TARGETS,
+        "within_target": {k: figures[k] <= TARGETS[k] for k in TARGETS},
+        "load_avg": {"start": load_start, "end": os.getloadavg()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commits", type=int, default=10_000, help="enqueues seeding the inbound log")
+    parser.add_argument("--quick", action="store_true", help="100 commits (CI: checks that it runs)")
+    args = parser.parse_args(argv)
+    commits = 100 if args.quick else args.commits
+    if commits < 1:
+        parser.error("--commits must be at least 1")
+    return emit(lambda workdir: run(commits, workdir), None, "object_store_cost-")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
