@@ -51,3 +51,51 @@ def test_an_unreachable_store_fails_naming_it_and_writes_nothing(s3_server: dict
     written = fs.get_file_info(pafs.FileSelector(f"{path}/{root.rsplit('/', 1)[1]}", recursive=True,
                                                  allow_not_found=True))
     assert written == []
+
+
+def test_poison_a_redrive_its_undo_and_a_purge_on_an_s3_lake_keep_every_message_once(
+        make_declaration, s3_server: dict[str, str]) -> None:
+    """The operator's sequence on a lake on the S3 server (small cycles, no Spark): each message is
+    in one place after every step and the books balance."""
+    from poison_pipeline.engine.cycle import run_cycle
+    from poison_pipeline.operations.conservation import conservation
+    from poison_pipeline.operations.purge import purge
+    from poison_pipeline.operations.redrive import redrive
+    from poison_pipeline.operations.undo import undo
+    from poison_pipeline.storage.enqueue import enqueue
+    from poison_pipeline.storage.intake import accepted_total
+    from poison_pipeline.storage.tables import QueueTables
+    from poison_pipeline_tests.support import places
+
+    declaration = make_declaration(
+        {"q": {"handler": "poison_pipeline_tests.handlers:scripted",
+               "policy": {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "move"}}},
+        lake_root=fresh_root("operator"), storage_options=s3_server, lease={"expiry": "4s"},
+        small_cycles={"max_messages": 1000})
+    tables = QueueTables.of(declaration, "q")
+
+    def balanced() -> None:
+        assert all(len(where) == 1 for where in places(declaration).values()), places(declaration)
+        assert conservation(tables).line(accepted_total(tables)).endswith("OK")
+
+    def cycle() -> None:
+        run_cycle(_no_spark, declaration, "q", "inbound")
+
+    enqueue(declaration, "q", [{"message_id": m, "message_type": "t", "body": {"fail": m != "ok"}}
+                               for m in ("ok", "p1", "p2")])
+    cycle()
+    assert places(declaration) == {"ok": ["processed:processed"], "p1": ["poison"], "p2": ["poison"]}
+    balanced()
+    redriven = redrive(declaration, "q", "poison", redrive_id="r1")
+    assert redriven.moved == 2 and places(declaration)["p1"] == ["inbound"]
+    balanced()
+    assert undo(declaration, "r1").restored == 2
+    assert places(declaration)["p1"] == ["poison"]
+    balanced()
+    assert purge(declaration, "q", "poison", older_than="0s", purge_id="x1").purged == 2
+    assert set(places(declaration)) == {"ok"}
+    balanced()
+
+
+def _no_spark() -> None:
+    raise AssertionError("small cycles only: no Spark session may be started")
