@@ -51,6 +51,7 @@ BENCHMARKS = (
     Benchmark("ordering_cost", quick=("--messages", "10000", "--conversations", "250", "--rounds", "1")),
     Benchmark("redrive_backfill", quick=("--days", "3", "--per-day", "100", "--rounds", "1")),
     Benchmark("lake_reader"),
+    Benchmark("object_store_cost"),
 )
 
 

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -340,7 +341,18 @@ def small_disk(folder: Path, kind: str) -> Iterator[Callable[[], None]]:
     finally:
         filler.unlink(missing_ok=True)
         if kind == "tmpfs":
-            subprocess.run(["umount", str(folder)], check=True)
+            _unmount(folder)
+
+
+def _unmount(folder: Path) -> None:
+    """Unmount `folder`, waiting for a file a background thread still holds there (delta-rs's
+    runtime finishes a failed upload after the call that started it returned); then lazily."""
+    deadline = time.monotonic() + 30
+    while subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            subprocess.run(["umount", "--lazy", str(folder)], check=True)
+            return
+        time.sleep(0.5)
 
 
 @pytest.mark.parametrize("kind", [full_disk_kind()])
