@@ -28,8 +28,8 @@ def _config(folder: Path, root: str, options: dict[str, str]) -> str:
 
 @pytest.mark.parametrize("case, said", [
     ("no such bucket", "the bucket or container of lake_root does not exist on the store (bucket 'missing-"),
-    ("no route to the endpoint", "the store cannot be reached (endpoint http://127.0.0.1:1): check "
-                                 "storage_options.AWS_ENDPOINT_URL"),
+    ("no route to the endpoint", "the store cannot be reached (endpoint http://127.0.0.1:1, bucket "
+                                 f"'{BUCKET}'): check storage_options.AWS_ENDPOINT_URL"),
 ])
 @pytest.mark.parametrize("command", ["enqueue", "status"])
 def test_an_unreachable_store_fails_naming_it_and_writes_nothing(s3_server: dict[str, str], tmp_path: Path,

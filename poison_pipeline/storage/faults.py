@@ -79,7 +79,8 @@ _UNREACHABLE = (
      "endpoint option), the network, and AWS_ALLOW_HTTP for an http:// endpoint"),
 )
 _BUCKET = re.compile(r"<BucketName>([^<]+)</BucketName>")
-_ENDPOINT = re.compile(r"(?:GET|PUT|HEAD|POST|DELETE) (https?://[^/\s?]+)")
+# The request that failed: its endpoint, and the bucket (path-style URLs name it first).
+_ENDPOINT = re.compile(r"(?:GET|PUT|HEAD|POST|DELETE) (https?://[^/\s?]+)(?:/([^/\s?]+))?")
 
 
 def store_problem(error: BaseException) -> str | None:
@@ -88,10 +89,13 @@ def store_problem(error: BaseException) -> str | None:
     said = _COLOURS.sub("", str(error))
     for pattern, advice in _UNREACHABLE:
         if pattern.search(said):
-            bucket = _BUCKET.search(said)
-            endpoint = _ENDPOINT.search(said)
-            return advice.format(bucket=f" (bucket {bucket.group(1)!r})" if bucket else "",
-                                 endpoint=f" (endpoint {endpoint.group(1)})" if endpoint else "")
+            request = _ENDPOINT.search(said)
+            listed = _BUCKET.search(said)
+            bucket = listed.group(1) if listed else (request.group(2) if request else None)
+            where = ", ".join(part for part in (f"endpoint {request.group(1)}" if request else "",
+                                                f"bucket {bucket!r}" if bucket else "") if part)
+            return advice.format(bucket=f" (bucket {bucket!r})" if bucket else "",
+                                 endpoint=f" ({where})" if where else "")
     return None
 
 
