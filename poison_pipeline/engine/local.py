@@ -35,7 +35,7 @@ from poison_pipeline.engine import staged, watchdog
 from poison_pipeline.engine.batch import CycleSpec, Processor
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import remove_tree
-from poison_pipeline.storage.uri import fs_of, whole_in
+from poison_pipeline.storage.uri import fs_of, fs_of_all, whole_in
 
 # Spark hands mapInArrow batches of at most this many rows (spark.sql.execution.arrow.maxRecordsPerBatch).
 _BATCH_ROWS = 10_000
@@ -48,8 +48,7 @@ class WorkerDied(RuntimeError):
 def read_due(files: Sequence[str], storage_options: dict[str, str]) -> pa.Table:
     """The rows of the due files (URIs in one lake, whose `storage_options` these are), as Spark
     reads them for a cycle (schemas.MESSAGE, missing columns null)."""
-    fs, _ = fs_of(files[0], storage_options)
-    paths = [fs_of(uri, storage_options)[1] for uri in files]
+    fs, paths = fs_of_all(files, storage_options)
     # One chunk, not one per file: the worker would process each small enqueue's file as a batch
     # of its own, and pickling the rows to it would pay per chunk and column.
     return pads.dataset(paths, schema=schemas.MESSAGE, format="parquet", filesystem=fs).to_table().combine_chunks()

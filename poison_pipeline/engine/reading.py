@@ -19,13 +19,14 @@ import math
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from poison_pipeline.engine.session import cores
-from poison_pipeline.storage.uri import fs_of, is_local
+from poison_pipeline.storage.uri import fs_of_all, is_local
 
 __all__ = ["read_files"]
 
@@ -67,11 +68,14 @@ class _PartReader:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for listed in batches:
-            for uri, part, parts in zip(*(listed.column(name).to_pylist() for name in _PARTS.names), strict=True):
-                yield from self._read(uri, part, parts)
+            uris, part, parts = (listed.column(name).to_pylist() for name in _PARTS.names)
+            if not uris:
+                continue
+            fs, paths = fs_of_all(uris, self.storage_options)
+            for uri, path, one, of in zip(uris, paths, part, parts, strict=True):
+                yield from self._read(fs, uri, path, one, of)
 
-    def _read(self, uri: str, part: int, parts: int) -> Iterator[pa.RecordBatch]:
-        fs, path = fs_of(uri, self.storage_options)
+    def _read(self, fs: pafs.FileSystem, uri: str, path: str, part: int, parts: int) -> Iterator[pa.RecordBatch]:
         with fs.open_input_file(path) as source:
             file = pq.ParquetFile(source)
             groups = list(range(part, file.num_row_groups, parts))
