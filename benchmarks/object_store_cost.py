@@ -123,7 +123,8 @@ def run(commits: int, workdir: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--commits", type=int, default=10_000, help="enqueues seeding the inbound log")
+    parser.add_argument("--commits", type=int, default=150,
+                        help="enqueues seeding the inbound log (real ones: seconds each on the local server)")
     parser.add_argument("--quick", action="store_true", help="100 commits (CI: checks that it runs)")
     args = parser.parse_args(argv)
     commits = 100 if args.quick else args.commits
