@@ -10,8 +10,17 @@ import pyarrow.fs as pafs
 import pytest
 import yaml
 
+from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.undo import undo
+from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.storage.intake import accepted_total
+from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.uri import fs_of
 from poison_pipeline_tests.s3_support import BUCKET, fresh_root
+from poison_pipeline_tests.support import places
 from poison_pipeline_tests.test_fuzz_envelopes import run_cli
 
 pytestmark = pytest.mark.e2e
@@ -57,16 +66,6 @@ def test_poison_a_redrive_its_undo_and_a_purge_on_an_s3_lake_keep_every_message_
         make_declaration, s3_server: dict[str, str]) -> None:
     """The operator's sequence on a lake on the S3 server (small cycles, no Spark): each message is
     in one place after every step and the books balance."""
-    from poison_pipeline.engine.cycle import run_cycle
-    from poison_pipeline.operations.conservation import conservation
-    from poison_pipeline.operations.purge import purge
-    from poison_pipeline.operations.redrive import redrive
-    from poison_pipeline.operations.undo import undo
-    from poison_pipeline.storage.enqueue import enqueue
-    from poison_pipeline.storage.intake import accepted_total
-    from poison_pipeline.storage.tables import QueueTables
-    from poison_pipeline_tests.support import places
-
     declaration = make_declaration(
         {"q": {"handler": "poison_pipeline_tests.handlers:scripted",
                "policy": {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "move"}}},
