@@ -25,6 +25,7 @@ from poison_pipeline.operations.actions import DONE, PLANNED, find_action, list_
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, apply_retention, purge
 from poison_pipeline.operations.selection import Selection, SelectionError
+from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import PLANS, QueueTables
 from poison_pipeline.storage.writer import Committer, QueueWriter
@@ -235,6 +236,32 @@ def test_killed_at_each_step_and_run_again_nothing_is_lost_or_deleted_twice(lake
     before = table_versions(declaration)
     assert purge(declaration, "q", "poison", "30d", purge_id="p1", now=now).already_done
     assert table_versions(declaration) == before
+
+
+@pytest.mark.parametrize("table", ["poison", "quarantine"])
+def test_an_undo_killed_between_its_restores_leaves_every_message_somewhere(lake, monkeypatch, table):
+    declaration, _ = lake
+    done = purge(declaration, "q", table, "30d", now=datetime.now(UTC) + LATER)
+    gone = ids(declaration, "purged")
+    assert done.purged == 3 and ids(declaration, table) == []
+    real, calls = QueueWriter.restore, []
+
+    def die_on_second(self: QueueWriter, *args: Any, **kwargs: Any) -> None:
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise Crash("between the restores")
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(QueueWriter, "restore", die_on_second)
+    with pytest.raises(Crash):
+        undo(declaration, done.action_id)
+    monkeypatch.setattr(QueueWriter, "restore", real)
+    # Back in the table, not yet out of the ledger: in two places for a moment, never in none.
+    assert calls == [table, "purged"]
+    assert ids(declaration, table) == gone and ids(declaration, "purged") == gone
+    assert undo(declaration, done.action_id).restored == 3
+    assert ids(declaration, table) == gone and ids(declaration, "purged") == []
+    balanced(declaration)
 
 
 def _config(declaration: Declaration, tmp_path: Path) -> str:

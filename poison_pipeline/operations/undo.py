@@ -209,9 +209,11 @@ def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action,
 
 def _restore(writer: QueueWriter, action: Action, undo_id: str) -> UndoResult:
     """Restore every table the purge touched to its version before, each restore carrying this
-    undo's mark; one a killed run restored already is left as it is."""
+    undo's mark; one a killed run restored already is left as it is. The failure table comes back
+    before the `purged` ledger lets go: a kill between the two leaves a message in two places, which
+    the next run settles, never in none."""
     mark = [Transaction(_restore_mark(undo_id), 1)]
-    for key, versions in sorted(action.versions.items()):
+    for key, versions in sorted(action.versions.items(), key=lambda item: (item[0].endswith(f"/{PURGED}"), item[0])):
         table = key.split("/", 1)[1]
         if not _restored_by(writer.tables, table, undo_id):
             writer.restore(table, int(versions["before"] or 0), writer.tables.open(table), also=mark)
