@@ -571,11 +571,33 @@ def places(config: Path) -> dict[str, list[tuple[str, str]]]:
         for table in (*tables.waiting, *place_tables(queue)):
             if not tables.exists(table):
                 continue
-            ids = DeltaTable(tables.uri(table), storage_options=tables.storage_options).to_pyarrow_table(
-                columns=["message_id"])["message_id"].to_pylist()
-            for message_id in ids:
+            for message_id in _ids_of(tables.uri(table), tables.storage_options, DeltaTable):
                 found[message_id].append((queue, table))
     return found
+
+
+# The checks read every table after every step: a table read before is brought up to date (a few new
+# commits) rather than loaded again, and read again only when its version moved.
+_SNAPSHOTS: dict[str, tuple[Any, int, list[str]]] = {}
+
+
+def _ids_of(uri: str, storage_options: dict[str, str] | None, table_class: Any) -> list[str]:
+    known = _SNAPSHOTS.get(uri)
+    if known is None:
+        snapshot = table_class(uri, storage_options=storage_options)
+    else:
+        snapshot = known[0]
+        snapshot.update_incremental()
+        if snapshot.version() == known[1]:
+            return known[2]
+    ids = snapshot.to_pyarrow_table(columns=["message_id"])["message_id"].to_pylist()
+    _SNAPSHOTS[uri] = (snapshot, snapshot.version(), ids)
+    return ids
+
+
+def forget_tables() -> None:
+    """Drop the snapshots kept for the checks (a sequence's lake is deleted at its end)."""
+    _SNAPSHOTS.clear()
 
 
 def ids_in(config: Path, queue: str, table: str) -> list[str]:

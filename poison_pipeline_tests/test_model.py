@@ -90,6 +90,7 @@ class LakeModel(RuleBasedStateMachine):
             if self.steps:
                 self.settle()
         finally:
+            ms.forget_tables()
             shutil.rmtree(self.folder, ignore_errors=True)
 
     # ------------------------------------------------------------------------------------ helpers
