@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from datetime import UTC, datetime, timedelta
 
 from dagster import (
     DagsterEvent,
@@ -17,7 +19,7 @@ from dagster import (
     op,
 )
 
-from poison_pipeline.defs.sensors import waiting_sensor
+from poison_pipeline.defs.sensors import decide, waiting_sensor
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.tables import QueueTables
@@ -111,6 +113,62 @@ def test_unreadable_cursor_counts_as_first_evaluation(make_declaration):
     result = evaluate(declaration, "inbound", "{not json")
     assert len(result.run_requests) == 1
 
+
+
+def test_an_idle_evaluation_answers_from_its_cursor_without_loading_the_log(make_declaration, monkeypatch):
+    """On an object store a load reads the last checkpoint and every commit since; the next log entry
+    absent says as much for two requests."""
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    first = evaluate(declaration, "inbound", None)
+    real = QueueTables.open
+
+    def no_load(self, table):
+        raise AssertionError(f"{table} loaded")
+
+    monkeypatch.setattr(QueueTables, "open", no_load)
+    second = evaluate(declaration, "inbound", first.cursor)
+    assert not second.run_requests and "already requested" in second.skip_reason.skip_message
+    assert json.loads(second.cursor) == json.loads(first.cursor)
+    monkeypatch.setattr(QueueTables, "open", real)
+    send(declaration, {"b": {}})
+    assert len(evaluate(declaration, "inbound", second.cursor).run_requests) == 1
+
+
+def test_a_queue_disabled_after_a_request_is_seen_at_the_next_evaluation(make_declaration):
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    first = evaluate(declaration, "inbound", None)
+    set_enabled(QueueTables.of(declaration, "q"), False, "operator", "maintenance window")
+    second = evaluate(declaration, "inbound", first.cursor)
+    assert not second.run_requests and "maintenance window" in second.skip_reason.skip_message
+    set_enabled(QueueTables.of(declaration, "q"), True, "operator", "done")
+    third = evaluate(declaration, "inbound", second.cursor)
+    # Enabled again, with nothing new: the run requested before still stands (its key is launched once).
+    assert not third.run_requests and "already requested" in third.skip_reason.skip_message
+
+
+def test_a_retry_that_comes_due_without_any_commit_is_requested(spark, make_declaration):
+    declaration = make_declaration(queue(retry_cycle_delay="1h", receive_error_handling="move"))
+    send(declaration, {"bad": {"fail": True}})
+    run_cycle(spark, declaration, "q", "inbound")
+    tables, now = QueueTables.of(declaration, "q"), datetime.now(UTC)
+    waiting = decide(tables, "retry_1", {}, now)
+    assert waiting.run_key is None and waiting.cursor["next_due"]
+    assert decide(tables, "retry_1", waiting.cursor, now + timedelta(minutes=59)).run_key is None
+    due = decide(tables, "retry_1", waiting.cursor, now + timedelta(hours=2))
+    assert due.run_key is not None and due.run_key.startswith("q/retry_1/")
+
+
+def test_tables_deleted_and_made_again_are_seen_as_changed(make_declaration):
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    first = evaluate(declaration, "inbound", None)
+    shutil.rmtree(declaration.lake_root)
+    send(declaration, {"b": {}})
+    again = evaluate(declaration, "inbound", first.cursor)
+    [request] = again.run_requests  # the same version as before, of another table
+    assert request.run_key != first.run_requests[0].run_key and json.loads(again.cursor)["version"] == 1
 
 
 def test_a_run_that_ended_badly_is_requested_again_for_the_same_state(make_declaration):

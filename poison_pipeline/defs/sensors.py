@@ -29,7 +29,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, POISON
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.events import events_version
-from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
+from poison_pipeline.storage.tables import EVENTS, TRANSMISSION, QueueTables
 
 
 @dataclass(frozen=True)
@@ -48,33 +48,61 @@ def parse_cursor(raw: str | None) -> dict[str, Any]:
     return cursor if isinstance(cursor, dict) else {}
 
 
+# What an evaluation saw, kept in the cursor: while none of it can have changed, the next evaluation
+# gives the same answer without reading the log (`_still`).
+_SEEN = ("version", "waiting", "due", "next_due", "run_key", "log_mark", "events_mark", "disabled")
+
+
 def decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetime,
            last_run_failed: bool = False) -> Decision:
     """Whether `table` has due messages that no run was requested for yet, or whose requested run
     ended without success (`last_run_failed`: killed, failed or canceled)."""
+    if _still(tables, table, cursor, now):
+        return _answer(tables, table, {key: cursor[key] for key in _SEEN} | {
+            "last_run_key": cursor.get("last_run_key")}, cursor, last_run_failed)
     try:
         # Opening the table once says whether it exists too: a table of 10,000 commits costs an open.
         stats = tables.stats(table, now)
     except FileNotFoundError:
         return Decision(None, cursor, f"{tables.queue}/{table} does not exist yet: nothing enqueued")
+    state = queue_state(tables)
+    digest = hashlib.sha1(",".join(stats.due_batches).encode()).hexdigest()[:12]
     base = {
         "version": stats.version,
         "waiting": stats.rows,
         "due": stats.due_rows,
         "next_due": stats.next_due.isoformat() if stats.next_due else None,
+        # The same version and due batches always give the same key: Dagster launches a key once.
+        "run_key": f"{tables.queue}/{table}/v{stats.version}/{digest}" if stats.due_rows else None,
+        "log_mark": tables.log_mark(table, stats.version),
+        "events_mark": tables.log_mark(EVENTS, state.version),
+        # Said in the cursor too: what waits in a disabled queue waits for an operator, not a clock.
+        "disabled": None if state.enabled else state.reason or "disabled",
         "last_run_key": cursor.get("last_run_key"),
     }
-    state = queue_state(tables)
-    if not state.enabled:
-        # Said in the cursor too: what waits in a disabled queue waits for an operator, not a clock.
-        return Decision(None, {**base, "disabled": True}, f"queue {tables.queue!r} is disabled: {state.reason}")
-    if stats.due_rows == 0:
-        when = f"; next due at {base['next_due']}" if stats.next_due else ""
-        return Decision(None, base, f"{stats.rows} waiting in {tables.queue}/{table}, none due{when}")
-    digest = hashlib.sha1(",".join(stats.due_batches).encode()).hexdigest()[:12]
-    # The same version and due batches always give the same key: Dagster launches a key once.
-    run_key = f"{tables.queue}/{table}/v{stats.version}/{digest}"
-    return _request(run_key, base, cursor, last_run_failed, f"a run was already requested for {run_key}")
+    return _answer(tables, table, base, cursor, last_run_failed)
+
+
+def _still(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetime) -> bool:
+    """Whether what the last evaluation saw still holds: neither the table nor the queue's state
+    has a commit since, and no waiting message came due. A few requests on an object store, where
+    reading the log costs one per commit since its last checkpoint."""
+    if not all(key in cursor for key in _SEEN) or not cursor["log_mark"]:
+        return False
+    if cursor["next_due"] and datetime.fromisoformat(cursor["next_due"]) <= now:
+        return False
+    return tables.unchanged_since(table, cursor["log_mark"]) and tables.unchanged_since(EVENTS, cursor["events_mark"])
+
+
+def _answer(tables: QueueTables, table: str, base: dict[str, Any], cursor: dict[str, Any],
+            last_run_failed: bool) -> Decision:
+    if base["disabled"] is not None:
+        return Decision(None, base, f"queue {tables.queue!r} is disabled: {base['disabled']}")
+    if not base["due"]:
+        when = f"; next due at {base['next_due']}" if base["next_due"] else ""
+        return Decision(None, base, f"{base['waiting']} waiting in {tables.queue}/{table}, none due{when}")
+    key = base["run_key"]
+    return _request(key, base, cursor, last_run_failed, f"a run was already requested for {key}")
 
 
 def _request(run_key: str, base: dict[str, Any], cursor: dict[str, Any], last_run_failed: bool,

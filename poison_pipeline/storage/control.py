@@ -26,6 +26,7 @@ class QueueState:
     reason: str | None = None
     since: datetime | None = None
     actor: str | None = None
+    version: int | None = None  # of the events table it was read from; None: no events table yet
 
 
 def event_row(kind: str, at: datetime, actor: str, reason: str, message_id: str | None = None,
@@ -75,7 +76,7 @@ def queue_state(tables: QueueTables) -> QueueState:
     found = rows_where_in(tables.uri(EVENTS), tables.storage_options, events, "event_id",
                           [_state_event_id(version)], schemas.EVENTS)
     row = found.to_pylist()[0] if found.num_rows else {"reason": None, "at": None, "actor": None}
-    return QueueState(version % 2 == 1, row["reason"], row["at"], row["actor"])
+    return QueueState(version % 2 == 1, row["reason"], row["at"], row["actor"], events.version())
 
 
 def _state_by_time(tables: QueueTables, events: DeltaTable) -> QueueState:
@@ -84,9 +85,9 @@ def _state_by_time(tables: QueueTables, events: DeltaTable) -> QueueState:
     toggles = rows_where_in(tables.uri(EVENTS), tables.storage_options, events, "kind",
                             [QUEUE_DISABLED, QUEUE_ENABLED], schemas.EVENTS)
     if toggles.num_rows == 0:
-        return QueueState(enabled=True)
+        return QueueState(enabled=True, version=events.version())
     last = toggles.sort_by([("at", "descending")]).slice(0, 1).to_pylist()[0]
-    return QueueState(last["kind"] == QUEUE_ENABLED, last["reason"], last["at"], last["actor"])
+    return QueueState(last["kind"] == QUEUE_ENABLED, last["reason"], last["at"], last["actor"], events.version())
 
 
 class StateNotRecorded(RuntimeError):

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 from deltalake import ColumnProperties, DeltaTable, WriterProperties
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import RemoveAction
@@ -29,6 +30,7 @@ from poison_pipeline.domain.routing import (
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.lease import LEASE_TABLE, Holder, current_holder
+from poison_pipeline.storage.uri import fs_of_all
 
 ATTEMPTS = "attempts"
 EVENTS = "events"
@@ -267,6 +269,30 @@ class QueueTables:
 
     def exists(self, table: str) -> bool:
         return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
+
+    def log_mark(self, table: str, version: int | None) -> str | None:
+        """`version` of `table` as its log entry shows it (the version, the entry's size and time of
+        writing), for `unchanged_since`; None for a table that does not exist. A table deleted and
+        made again has other entries, so another mark."""
+        if version is None:
+            return None
+        info = self._log_entries(table, [version])[0]
+        return f"{version}/{info.size}/{info.mtime_ns}"
+
+    def unchanged_since(self, table: str, mark: str | None) -> bool:
+        """Whether `table` is still as `log_mark` saw it, asked of the two log entries that say so:
+        the marked one, the same, and the next one, absent. Two requests on an object store whatever
+        the table's history, where loading the table reads its last checkpoint and every commit since."""
+        if mark is None:
+            return self._log_entries(table, [0])[0].type == pafs.FileType.NotFound
+        version = int(mark.split("/", 1)[0])
+        entry, following = self._log_entries(table, [version, version + 1])
+        found = None if entry.type == pafs.FileType.NotFound else f"{version}/{entry.size}/{entry.mtime_ns}"
+        return found == mark and following.type == pafs.FileType.NotFound
+
+    def _log_entries(self, table: str, versions: list[int]) -> list[pafs.FileInfo]:
+        fs, paths = fs_of_all([f"{self.uri(table)}/_delta_log/{v:020d}.json" for v in versions], self.storage_options)
+        return fs.get_file_info(paths)
 
     @staticmethod
     def _batches_of_files(target: DeltaTable, actions: pa.Table) -> tuple[np.ndarray, pa.Array]:
