@@ -34,10 +34,13 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[dict[str, str]]:
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The run's S3-compatible server (moto's on 127.0.0.1, started at its first use); the storage
-    options that reach it."""
-    yield from s3_support.serve()
+    options that reach it. The caches a lake on a store keeps on this machine go to the run's own
+    folder, not the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield from s3_support.serve()
 
 
 @pytest.fixture

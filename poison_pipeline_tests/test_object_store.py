@@ -5,16 +5,19 @@ credentials, and writes nothing. The store is the test run's S3 server (`s3_serv
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
 import yaml
 
 from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.checks import check_one_place
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.undo import undo
+from poison_pipeline.storage import column_cache
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.intake import accepted_total
 from poison_pipeline.storage.tables import QueueTables
@@ -94,6 +97,32 @@ def test_poison_a_redrive_its_undo_and_a_purge_on_an_s3_lake_keep_every_message_
     assert purge(declaration, "q", "poison", older_than="0s", purge_id="x1").purged == 2
     assert set(places(declaration)) == {"ok"}
     balanced()
+
+
+def test_the_one_place_check_on_an_s3_lake_reads_only_the_files_it_has_not_read_before(
+        make_declaration, s3_server: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its copy of what it read is kept on this machine: a check's requests follow what changed
+    since the last one, not the queue's history."""
+    declaration = make_declaration({"q": {"handler": "poison_pipeline_tests.handlers:accept"}},
+                                   lake_root=fresh_root("checks"), storage_options=s3_server)
+    tables = QueueTables.of(declaration, "q")
+    for i in range(3):
+        enqueue(declaration, "q", [{"message_id": f"m{i}", "message_type": "t", "body": {}}])
+    real, read = column_cache._read_files, []
+
+    def spy(uri: str, options: dict[str, str], files: list[tuple[str, int]], schema: Any) -> Any:
+        read.append((uri.rsplit("/", 1)[1], len(files)))
+        return real(uri, options, files, schema)
+
+    monkeypatch.setattr(column_cache, "_read_files", spy)
+    assert check_one_place(tables).passed
+    assert read == [("inbound", 3)]
+    read.clear()
+    assert check_one_place(tables).passed
+    assert read == []
+    enqueue(declaration, "q", [{"message_id": "m3", "message_type": "t", "body": {}}])
+    found = check_one_place(tables)
+    assert read == [("inbound", 1)] and found.metadata["ids_checked"] == 4
 
 
 def _no_spark() -> None:

@@ -63,6 +63,19 @@ def notes_file(cache: str) -> str:
     return cache + _NOTES
 
 
+def cache_folder(cache: str) -> str:
+    """Where the cache named `cache` (a path beside the tables) is kept: that folder on a local lake;
+    for a lake on an object store, a folder of this machine's cache directory ($XDG_CACHE_HOME, else
+    ~/.cache) named after it. A data file's rows never change and its name is never reused, so any
+    machine may keep a copy of its own: a check there reads only the files it has not read before.
+    Notes stay on local lakes: a machine that only writes to a store would keep notes nobody takes."""
+    local = local_root(cache)
+    if local is not None:
+        return local
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "poison_pipeline", hashlib.sha256(cache.encode()).hexdigest()[:32])
+
+
 def note_rows(cache: str, path: str, rows: pa.Table) -> None:
     """Leave `rows`, the whole content of the data file `path` (as the log names it) that the caller
     has just committed, for the next `cached_rows(cache=cache)` to take instead of opening the file.
@@ -256,8 +269,8 @@ def cached_rows(uri: str, storage_options: dict[str, str], paths: Sequence[str],
                 schema: pa.Schema, cache: str | None) -> pa.Table:
     """The rows (columns of `schema`, as `files_dataset` reads them) of the files `paths`, whatever
     files the cache and the writers' notes (`note_rows`) already hold: only the others are opened.
-    `cache`: a folder on this machine's disk (none, or on an object store: all is read)."""
-    folder = local_root(cache) if cache else None
+    `cache`: where the cache is named beside the tables (see `cache_folder`); None: all is read."""
+    folder = cache_folder(cache) if cache else None
     wanted = set(paths)
     noted, note_files = _take_notes(folder, schema) if folder else (_empty(schema), [])
     segments = _segments(folder) if folder else []
