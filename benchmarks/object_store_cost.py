@@ -6,38 +6,54 @@ Starts an S3-compatible server (moto's, on 127.0.0.1, stopped by its process id)
 its request log, every request any part of the product makes (delta-rs, pyarrow through
 delta-rs's object_store). Then:
 
-- seeds queue `q` with N enqueues of one message each (N commits and N files in its inbound log,
-  with the checkpoints delta-rs writes every 100 commits; not counted);
-- counts the requests of one idle evaluation of the inbound sensor (`decide` with the cursor of the
-  evaluation before it: nothing changed since, a run already requested);
-- counts the requests of a 100-message inbound cycle (small path, no Spark) on a fresh queue.
+- seeds queue `q` with N enqueues of one message each, as real enqueues leave them (N commits and N
+  files in its inbound log and N commits in its intake ledger, with the checkpoints delta-rs writes
+  every 100 commits: `lake_seed.seed_enqueues` on a local folder, uploaded to the store; not counted);
+- counts one idle evaluation of the inbound sensor (`decide` with the cursor of the evaluation before
+  it: nothing changed since, a run already requested);
+- counts each asset check's first evaluation on this machine and its next one, nothing changed
+  between (`one_place` keeps what it read in this machine's cache directory);
+- counts a 100-message inbound cycle (small path, no Spark) on a fresh queue.
 
 Prints one JSON line; targets: an idle sensor evaluation at most 10 requests whatever N, a
-100-message cycle at most 100 requests.
+100-message cycle at most 100 requests. Any N that is not a multiple of 100 leaves commits after the
+last checkpoint, which every load of the table reads (N=10,050: 50 of them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
 import time
 from collections import Counter
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+import pyarrow.fs as pafs  # noqa: E402
 from cycle_throughput import emit  # noqa: E402
+from lake_seed import seed_enqueues  # noqa: E402
 
 from poison_pipeline.defs.sensors import decide  # noqa: E402
 from poison_pipeline.domain.declaration import Declaration, parse_declaration  # noqa: E402
 from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
+from poison_pipeline.operations.checks import (  # noqa: E402
+    POISON_GROWTH,
+    check_conservation,
+    check_growth,
+    check_oldest_waiting,
+    check_one_place,
+)
 from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
 from poison_pipeline.storage.tables import QueueTables  # noqa: E402
+from poison_pipeline.storage.uri import fs_of  # noqa: E402
 from poison_pipeline_tests import s3_support  # noqa: E402
 
 TARGETS = {"idle_sensor_requests": 10, "cycle_100_requests": 100}
@@ -47,7 +63,7 @@ HANDLER = "poison_pipeline_tests.handlers:accept"
 class RequestLog:
     """The server's request log: counts the requests made since the last `reset`, by method."""
 
-    _LINE = re.compile(r'"(?:\x1b\[[0-9;]*m)?(GET|PUT|POST|DELETE|HEAD) ')
+    _LINE = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|PUT|POST|DELETE|HEAD) ')
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -87,22 +103,44 @@ def _requests(log: RequestLog, action: Any) -> tuple[int, dict[str, int], float]
     return sum(counts.values()), dict(counts), seconds
 
 
+def _seed(declaration: Declaration, commits: int, workdir: str, options: dict[str, str]) -> None:
+    """What `commits` one-message enqueues leave in queue q, written locally and uploaded."""
+    local = parse_declaration({**json.loads(declaration.model_dump_json()), "lake_root": f"{workdir}/seed",
+                               "storage_options": {}})
+    seed_enqueues(local, "q", [[json.dumps({"message_id": f"s{i}", "message_type": "t", "body": {}})]
+                               for i in range(commits)], f"{workdir}/scratch")
+    fs, path = fs_of(declaration.lake_root, options)
+    pafs.copy_files(f"{workdir}/seed", path, destination_filesystem=fs, use_threads=True)
+
+
+def _checks(tables: QueueTables) -> dict[str, Callable[[], Any]]:
+    return {
+        "conservation": lambda: check_conservation(tables),
+        "one_place": lambda: check_one_place(tables),
+        "poison_growth": lambda: check_growth(tables, POISON_GROWTH, 1_000, None),
+        "oldest_waiting_inbound": lambda: check_oldest_waiting(tables, "inbound", timedelta(hours=1)),
+    }
+
+
 def run(commits: int, workdir: str) -> dict[str, Any]:
     load_start = os.getloadavg()
+    os.environ["XDG_CACHE_HOME"] = f"{workdir}/cache"  # the checks' cache: cold at first
     server = s3_support.serve(log=os.path.join(workdir, "requests.log"))
     options = next(server)
     try:
-        proxy = RequestLog(os.path.join(workdir, "requests.log"))
+        log = RequestLog(os.path.join(workdir, "requests.log"))
         declaration = _declaration(s3_support.fresh_root("cost"), options)
-        for i in range(commits):
-            enqueue(declaration, "q", [{"message_id": f"s{i}", "message_type": "t", "body": {}}])
+        _seed(declaration, commits, workdir, options)
         tables = QueueTables.of(declaration, "q")
         now = datetime.now(UTC)
         first = decide(tables, "inbound", {}, now)  # the evaluation that requested a run
-        idle, idle_by, _ = _requests(proxy, lambda: decide(tables, "inbound", first.cursor, now))
+        assert first.run_key is not None, first.skip
+        full, _, _ = _requests(log, lambda: decide(tables, "inbound", {}, now))
+        idle, idle_by, _ = _requests(log, lambda: decide(tables, "inbound", first.cursor, now))
+        checks = {name: [_requests(log, check)[0] for _ in range(2)] for name, check in _checks(tables).items()}
         batch = [{"message_id": f"m{i}", "message_type": "t", "body": {}} for i in range(100)]
         enqueue(declaration, "fresh", batch)
-        cycle, cycle_by, cycle_s = _requests(proxy, lambda: run_cycle(_no_spark, declaration, "fresh", "inbound"))
+        cycle, cycle_by, cycle_s = _requests(log, lambda: run_cycle(_no_spark, declaration, "fresh", "inbound"))
     finally:
         for _ in server:
             pass
@@ -112,6 +150,8 @@ def run(commits: int, workdir: str) -> dict[str, Any]:
         "inbound_commits": commits,
         "idle_sensor_requests": idle,
         "idle_sensor_by_method": idle_by,
+        "sensor_without_cursor_requests": full,
+        "check_requests_first_then_next": checks,
         "cycle_100_requests": cycle,
         "cycle_100_by_method": cycle_by,
         "cycle_100_seconds": round(cycle_s, 2),
@@ -123,11 +163,10 @@ def run(commits: int, workdir: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--commits", type=int, default=150,
-                        help="enqueues seeding the inbound log (real ones: seconds each on the local server)")
-    parser.add_argument("--quick", action="store_true", help="100 commits (CI: checks that it runs)")
+    parser.add_argument("--commits", type=int, default=10_050, help="one-message enqueues seeding queue q")
+    parser.add_argument("--quick", action="store_true", help="150 commits (CI: checks that it runs)")
     args = parser.parse_args(argv)
-    commits = 100 if args.quick else args.commits
+    commits = 150 if args.quick else args.commits
     if commits < 1:
         parser.error("--commits must be at least 1")
     return emit(lambda workdir: run(commits, workdir), None, "object_store_cost-")
