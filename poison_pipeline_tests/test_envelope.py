@@ -83,3 +83,32 @@ def test_an_enqueue_onto_a_queue_whose_tables_were_deleted_creates_them_again(ma
     assert all(tables.exists(table) for table in tables.all_tables)
     assert [r["message_id"] for r in rows(declaration, "inbound")] == ["b"]
     assert accepted_total(tables) == 1
+
+
+def test_once_a_queue_has_all_its_tables_they_are_not_asked_for_again_nor_one_made_again_empty(
+        spark, make_declaration, monkeypatch):
+    """Every cycle and command makes sure the queue's tables exist: asking each costs two requests
+    on an object store, so a note says they do. A table deleted by hand is then not replaced by an
+    empty one (its history gone without a word): the cycle fails, naming it."""
+    import shutil
+
+    from deltalake import DeltaTable
+
+    from poison_pipeline.engine.cycle import run_cycle
+    from poison_pipeline.storage.tables import QueueTables
+
+    declaration = make_declaration(queue())
+    tables = QueueTables.of(declaration, "q")
+    assert enqueue(declaration, "q", ['{"message_id": "a", "message_type": "t"}']).accepted == 1
+
+    def asked(*args, **kwargs):
+        raise AssertionError("a table was asked whether it exists")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DeltaTable, "is_deltatable", staticmethod(asked))
+        tables.ensure()
+    shutil.rmtree(tables.uri("processed"))
+    with pytest.raises(FileNotFoundError, match=r"q/processed does not exist: .* not made again empty"):
+        run_cycle(spark, declaration, "q", "inbound")
+    assert not tables.exists("processed")
+    assert [r["message_id"] for r in rows(declaration, "inbound")] == ["a"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from poison_pipeline.domain.routing import (
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.lease import LEASE_TABLE, Holder, current_holder
-from poison_pipeline.storage.uri import fs_of_all
+from poison_pipeline.storage.uri import fs_of, fs_of_all, whole_in
 
 ATTEMPTS = "attempts"
 EVENTS = "events"
@@ -221,7 +222,18 @@ class QueueTables:
         return current_holder(self.uri(LEASE_TABLE), self.storage_options)
 
     def ensure(self) -> None:
-        """Create every table that does not exist yet (safe to call from several processes)."""
+        """Create every table that does not exist yet (safe to call from several processes). Once
+        they all exist, a note beside them says so, and later calls read that one small file instead
+        of asking each table (two requests each on an object store). A table deleted by hand after
+        that is not made again empty: opening it fails, naming it."""
+        note = self.work_uri("tables.json")
+        fs, path = fs_of(note, self.storage_options)
+        try:
+            with fs.open_input_stream(path) as stream:
+                if set(json.loads(stream.read())) >= set(self.all_tables):
+                    return
+        except (FileNotFoundError, ValueError):
+            pass  # not noted yet, or a note of fewer tables (an older version): ask each table
         for table in self.all_tables:
             if DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options):
                 continue
@@ -237,10 +249,12 @@ class QueueTables:
             except Exception:
                 if not DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options):
                     raise
+        with writing("noting that the queue's tables exist", note), whole_in(fs, path) as stream:
+            stream.write(json.dumps(sorted(self.all_tables)).encode())
 
     def open_created(self, table: str) -> DeltaTable:
-        """Open `table`; when it is missing (a first use, or tables deleted), create every table of
-        the queue first. Unlike `ensure`, this costs nothing more than the open once they exist."""
+        """Open `table`; when it is missing (a first use, or the queue's folder deleted), create every
+        table of the queue first. Unlike `ensure`, this costs nothing more than the open once they exist."""
         try:
             return self.open(table)
         except FileNotFoundError:
@@ -257,7 +271,8 @@ class QueueTables:
         except TableNotFoundError:
             raise FileNotFoundError(
                 f"table {self.uri(table)} does not exist: the tables of queue {self.queue!r} "
-                "are created by its first enqueue or cycle"
+                "are created by its first enqueue or cycle, and one deleted after that is not made "
+                "again empty (restore it, or delete the queue's whole folder to start the queue afresh)"
             ) from None
 
     def message_rows(self, table: str, message_id: str) -> list[dict[str, Any]]:
