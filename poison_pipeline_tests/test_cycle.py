@@ -236,3 +236,17 @@ def test_one_failing_message_never_affects_its_batch_mates(spark, make_declarati
     send(declaration, bodies)
     report = run_cycle(spark, declaration, "q", "inbound")
     assert report.counts == {"processed": 392, "poisoned": 8, "messages": 400, "attempts": 400}
+
+
+def test_the_journal_is_checkpointed_every_ten_commits(spark, make_declaration):
+    """Every cycle commits to its queue's journal three times and loads it four: with delta-rs's
+    default interval a load reads up to 99 commits (a request each on an object store), with 10 at
+    most 9."""
+    declaration = make_declaration(queue())
+    tables = QueueTables.of(declaration, "q")
+    for i in range(4):
+        send(declaration, {f"m{i}": {}})
+        run_cycle(spark, declaration, "q", "inbound")
+    log = Path(tables.uri("journal")) / "_delta_log"
+    assert tables.open("journal").version() >= 10
+    assert sorted(p.name.split(".")[0] for p in log.glob("*.checkpoint.parquet")) == [f"{9:020d}"]

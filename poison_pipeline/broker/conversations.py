@@ -155,10 +155,11 @@ def ended_conversations(source: Declaration | QueueTables, queue: str | None = N
     afford it to dead-letter messages of an ended conversation that arrive later.
     """
     tables = _tables(source, queue)
-    if not tables.exists(CONVERSATIONS):
+    ledger = tables.open_if_exists(CONVERSATIONS)
+    if ledger is None:
         return {}
     columns = ["conversation_id", "state", "code", "description", "at"]
-    rows = tables.open(CONVERSATIONS).to_pyarrow_table(columns=columns)
+    rows = ledger.to_pyarrow_table(columns=columns)
     rows = rows.filter(pc.equal(rows["state"], ENDED)).sort_by([("at", "descending")])
     # Sorted newest first so the earliest record of a conversation is the one kept.
     return {r["conversation_id"]: (r["code"], r["description"]) for r in rows.to_pylist()}

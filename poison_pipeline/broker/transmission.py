@@ -236,7 +236,8 @@ def _ended_conversations(declaration: Declaration, queue: str, targets: set[str]
 
 def pending_count(tables: QueueTables) -> int:
     """Messages waiting in the transmission queue, from the Delta log alone."""
-    if not tables.exists(TRANSMISSION):
+    try:
+        return tables.stats(TRANSMISSION, datetime.now(UTC)).rows
+    except FileNotFoundError:
         return 0
-    return tables.stats(TRANSMISSION, datetime.now(UTC)).rows
 

@@ -119,9 +119,10 @@ def find_action(tables: QueueTables, action_id: str) -> Action | None:
 
 def planned_actions(tables: QueueTables, kinds: Sequence[str]) -> list[Action]:
     """The actions of these kinds still `planned` (begun, then killed), oldest first."""
-    if not tables.exists(ACTIONS):
+    ledger = tables.open_if_exists(ACTIONS)
+    if ledger is None:
         return []
-    rows = tables.open(ACTIONS).to_pyarrow_dataset().to_table(
+    rows = ledger.to_pyarrow_dataset().to_table(
         filter=(pads.field("state") == PLANNED) & pads.field("kind").isin(list(kinds))).to_pylist()
     return sorted((_from_row(row) for row in rows), key=lambda action: action.at)
 

@@ -66,9 +66,9 @@ def state_commit(tables: QueueTables, rows: list[dict[str, object]], enabled: bo
 
 
 def queue_state(tables: QueueTables) -> QueueState:
-    if not tables.exists(EVENTS):
+    events = tables.open_if_exists(EVENTS)
+    if events is None:
         return QueueState(enabled=True)
-    events = tables.open(EVENTS)
     version = events.transaction_version(_state_app(tables))
     if version is None:
         return _state_by_time(tables, events)

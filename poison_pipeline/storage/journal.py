@@ -47,8 +47,9 @@ def _legacy_uri(tables: QueueTables, table: str) -> str:
 
 def read_entry(tables: QueueTables, table: str) -> JournalEntry | None:
     """The entry of `table`'s latest cycle; None before its first."""
-    if tables.exists(JOURNAL):
-        rows = tables.open(JOURNAL).to_pyarrow_dataset().to_table(
+    journal = tables.open_if_exists(JOURNAL)
+    if journal is not None:
+        rows = journal.to_pyarrow_dataset().to_table(
             filter=pads.field("waiting_table") == table).to_pylist()
         if rows:
             row = max(rows, key=lambda r: r["seq"])

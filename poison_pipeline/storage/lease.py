@@ -40,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from poison_pipeline.domain.declaration import LeaseSettings
 from poison_pipeline.storage import schemas
@@ -122,7 +122,9 @@ class Lease:
     # -- reading and writing the row -------------------------------------------------------
 
     def _open(self) -> DeltaTable:
-        if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
+        try:  # the lease exists but on a queue's very first use: asking first would cost a load more
+            table = DeltaTable(self.uri, storage_options=self.storage_options)
+        except TableNotFoundError:
             with writing(f"creating the lease of queue {self.queue!r}", self.uri):
                 try:
                     write_deltalake(self.uri, _rows(None, 0), mode="error",
@@ -130,7 +132,7 @@ class Lease:
                 except DeltaError:
                     if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
                         raise  # not a creation race: a real storage problem
-        table = DeltaTable(self.uri, storage_options=self.storage_options)
+            table = DeltaTable(self.uri, storage_options=self.storage_options)
         if not table.file_uris():
             # Released by an older version (no row at all): give the next overwrite a file to
             # remove, or two starters could both take the lease. Two of these writes may both

@@ -89,9 +89,10 @@ def remove_finished_plans(writer: QueueWriter, finished: Callable[[str], bool]) 
     after it recorded its action done and before it removed the plan left it (a rerun by the same
     id removes it too). Returns the ids of the actions whose plans it removed; none, no commit."""
     tables = writer.tables
-    if not tables.exists(PLANS):
+    plans = tables.open_if_exists(PLANS)
+    if plans is None:
         return []
-    found = tables.open(PLANS).to_pyarrow_dataset().to_table(columns=["action_id", "kind"]).to_pylist()
+    found = plans.to_pyarrow_dataset().to_table(columns=["action_id", "kind"]).to_pylist()
     left = sorted({(row["action_id"], row["kind"]) for row in found})
     removed = []
     for action_id, kind in left:

@@ -243,6 +243,7 @@ class QueueTables:
                         self.uri(table),
                         schema=schema_of(table),
                         partition_by=schemas.PARTITIONS.get(table),
+                        configuration=schemas.CONFIGURATION.get(table),
                         mode="ignore",
                         storage_options=self.storage_options,
                     )
@@ -274,6 +275,14 @@ class QueueTables:
                 "are created by its first enqueue or cycle, and one deleted after that is not made "
                 "again empty (restore it, or delete the queue's whole folder to start the queue afresh)"
             ) from None
+
+    def open_if_exists(self, table: str) -> DeltaTable | None:
+        """`table` opened, or None while it does not exist: one load, where asking first costs
+        another (two requests on an object store)."""
+        try:
+            return self.open(table)
+        except FileNotFoundError:
+            return None
 
     def message_rows(self, table: str, message_id: str) -> list[dict[str, Any]]:
         """Every row of `message_id` in `table` (none when the table does not exist yet)."""
