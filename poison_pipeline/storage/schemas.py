@@ -280,11 +280,13 @@ RESULT = pa.schema(
 )
 
 PARTITIONS: dict[str, list[str]] = {"processed": ["date"], "attempts": ["date"]}
-# Small tables committed to often (the journal three times a cycle): a checkpoint every 10 commits keeps
-# a load to it and at most 9 commits (a request each on an object store) instead of up to 99 (delta-rs's
-# default interval); their checkpoints are a few rows each. A table created before keeps its interval.
+# Tables every cycle commits to (the journal three times): a checkpoint every 10 commits keeps a load to
+# it and at most 9 commits (a request each on an object store) instead of up to 99 (delta-rs's default
+# interval). Their checkpoints stay small: a few rows, or a file per cycle that maintenance compacts. Not
+# the waiting tables: every enqueue commits to inbound, and its checkpoint holds every waiting file. A
+# table created before keeps its interval.
 CONFIGURATION: dict[str, dict[str, str | None]] = {
-    table: {"delta.checkpointInterval": "10"} for table in ("journal", "plans", "actions")}
+    table: {"delta.checkpointInterval": "10"} for table in ("journal", "plans", "actions", "processed", "attempts")}
 
 
 # The counts and error columns of a message that enters a queue for the first time (a sent message).
