@@ -128,6 +128,13 @@ def _check_tables(declaration: Declaration) -> None:
     assert second <= third
 
 
+def _ran_on_both_workers(cluster: StandaloneCluster) -> None:
+    """Each worker ran an executor of the app. Spark may replace one it lost (a loaded machine
+    misses a heartbeat): a third executor is a replacement, not a failure."""
+    ran = {worker.log.parent.name: list((worker.log.parent / "work").glob("app-*/*")) for worker in cluster.workers}
+    assert len(ran) == 2 and all(ran.values()), ran
+
+
 def test_a_full_cycle_on_a_standalone_cluster_of_two_workers(cluster: StandaloneCluster, tmp_path: Path) -> None:
     declaration, config = _declaration(tmp_path, {"master": cluster.url, "config": EXECUTORS})
     reports = _drive(config, _scenario(tmp_path))
@@ -135,8 +142,7 @@ def test_a_full_cycle_on_a_standalone_cluster_of_two_workers(cluster: Standalone
     assert [r["table"] for r in reports[:-1]] == ["inbound", "inbound", "retry_1", "poison"]
     assert reports[-1] == {"jvm": True}
     # The work ran on the workers' executors: each worker launched one for this application.
-    executors = [p for worker in cluster.workers for p in (worker.log.parent / "work").glob("app-*/*")]
-    assert len(executors) == 2, executors
+    _ran_on_both_workers(cluster)
     # Nothing of the cycles is left where only one process could read it.
     assert not list((Path(declaration.lake_root) / "q" / "_work" / "staging").glob("*/*"))
 
@@ -150,8 +156,7 @@ def test_a_full_cycle_on_a_standalone_cluster_with_the_lake_on_the_s3_server(
     reports = _drive(config, ["--big", *_scenario(tmp_path)])
     _check_tables(declaration)
     assert [r["table"] for r in reports[:-1]] == ["inbound", "inbound", "retry_1", "poison"]
-    executors = [p for worker in cluster.workers for p in (worker.log.parent / "work").glob("app-*/*")]
-    assert len(executors) == 2, executors
+    _ran_on_both_workers(cluster)
     fs, staging = fs_of(QueueTables.of(declaration, "q").work_uri("staging"), s3_server)
     assert [info.path for info in fs.get_file_info(pafs.FileSelector(staging, recursive=True, allow_not_found=True))
             if info.type == pafs.FileType.File] == []
