@@ -561,8 +561,6 @@ def place_tables(queue: str) -> list[str]:
 
 def places(config: Path) -> dict[str, list[tuple[str, str]]]:
     """Where each message id is: (queue, table) once per row, across every table of every queue."""
-    from deltalake import DeltaTable
-
     from poison_pipeline.storage.tables import QueueTables
     declaration = declaration_of(config)
     found: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -571,7 +569,7 @@ def places(config: Path) -> dict[str, list[tuple[str, str]]]:
         for table in (*tables.waiting, *place_tables(queue)):
             if not tables.exists(table):
                 continue
-            for message_id in _ids_of(tables.uri(table), tables.storage_options, DeltaTable):
+            for message_id in _ids_of(tables.uri(table), tables.storage_options):
                 found[message_id].append((queue, table))
     return found
 
@@ -581,10 +579,12 @@ def places(config: Path) -> dict[str, list[tuple[str, str]]]:
 _SNAPSHOTS: dict[str, tuple[Any, int, list[str]]] = {}
 
 
-def _ids_of(uri: str, storage_options: dict[str, str] | None, table_class: Any) -> list[str]:
+def _ids_of(uri: str, storage_options: dict[str, str] | None) -> list[str]:
+    from deltalake import DeltaTable
+
     known = _SNAPSHOTS.get(uri)
     if known is None:
-        snapshot = table_class(uri, storage_options=storage_options)
+        snapshot = DeltaTable(uri, storage_options=storage_options)
     else:
         snapshot = known[0]
         snapshot.update_incremental()

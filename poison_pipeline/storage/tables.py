@@ -79,6 +79,11 @@ def schema_of(table: str) -> pa.Schema:
     }[table]
 
 
+def _mark(version: int, entry: pafs.FileInfo) -> str | None:
+    """A log entry as `QueueTables.log_mark` names it; None when the store has no such entry."""
+    return None if entry.type == pafs.FileType.NotFound else f"{version}/{entry.size}/{entry.mtime_ns}"
+
+
 def _quoted(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -300,8 +305,7 @@ class QueueTables:
         made again has other entries, so another mark."""
         if version is None:
             return None
-        info = self._log_entries(table, [version])[0]
-        return f"{version}/{info.size}/{info.mtime_ns}"
+        return _mark(version, self._log_entries(table, [version])[0])
 
     def unchanged_since(self, table: str, mark: str | None) -> bool:
         """Whether `table` is still as `log_mark` saw it, asked of the two log entries that say so:
@@ -311,8 +315,7 @@ class QueueTables:
             return self._log_entries(table, [0])[0].type == pafs.FileType.NotFound
         version = int(mark.split("/", 1)[0])
         entry, following = self._log_entries(table, [version, version + 1])
-        found = None if entry.type == pafs.FileType.NotFound else f"{version}/{entry.size}/{entry.mtime_ns}"
-        return found == mark and following.type == pafs.FileType.NotFound
+        return _mark(version, entry) == mark and following.type == pafs.FileType.NotFound
 
     def _log_entries(self, table: str, versions: list[int]) -> list[pafs.FileInfo]:
         fs, paths = fs_of_all([f"{self.uri(table)}/_delta_log/{v:020d}.json" for v in versions], self.storage_options)
