@@ -17,9 +17,14 @@ delta-rs's object_store). Then:
   `--prior-cycles` such cycles of that queue (its tables' logs as a working queue's are: commits
   since their last checkpoints).
 
+- times 100-message cycles of a fresh queue on a second server that adds `--delay-ms` to every
+  request (an S3 in the same region adds about 20 ms), and on one that adds nothing: the median of
+  `--timed-cycles` cycles after the first (which creates the tables) of each.
+
 Prints one JSON line; targets: an idle sensor evaluation at most 10 requests whatever N, a
-100-message cycle at most 100 requests. Any N that is not a multiple of 100 leaves commits after the
-last checkpoint, which every load of the table reads (N=10,050: 50 of them).
+100-message cycle at most 100 requests and at most 3 s with 20 ms added to each request. Any N
+that is not a multiple of 100 leaves commits after the last checkpoint, which every load of the
+table reads (N=10,050: 50 of them).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 import time
 from collections import Counter
@@ -58,7 +64,7 @@ from poison_pipeline.storage.tables import QueueTables  # noqa: E402
 from poison_pipeline.storage.uri import fs_of  # noqa: E402
 from poison_pipeline_tests import s3_support  # noqa: E402
 
-TARGETS = {"idle_sensor_requests": 10, "cycle_100_requests": 100}
+TARGETS = {"idle_sensor_requests": 10, "cycle_100_requests": 100, "cycle_100_seconds_delayed": 3.0}
 HANDLER = "poison_pipeline_tests.handlers:accept"
 
 
@@ -128,7 +134,25 @@ def _hundred(prefix: str) -> list[dict[str, Any]]:
     return [{"message_id": f"{prefix}{i}", "message_type": "t", "body": {}} for i in range(100)]
 
 
-def run(commits: int, prior: int, workdir: str) -> dict[str, Any]:
+def _timed_cycles(delay_ms: float, cycles: int) -> float:
+    """The median time of `cycles` 100-message cycles of a fresh queue, on a server adding `delay_ms`."""
+    server = s3_support.serve(delay_ms=delay_ms)
+    options = next(server)
+    try:
+        declaration = _declaration(s3_support.fresh_root("timed"), options)
+        times = []
+        for k in range(cycles + 1):
+            enqueue(declaration, "fresh", _hundred(f"t{k}-"))
+            started = time.perf_counter()
+            run_cycle(_no_spark, declaration, "fresh", "inbound")
+            times.append(time.perf_counter() - started)
+    finally:
+        for _ in server:
+            pass
+    return round(statistics.median(times[1:]), 2)
+
+
+def run(commits: int, prior: int, workdir: str, delay_ms: float, timed: int) -> dict[str, Any]:
     load_start = os.getloadavg()
     os.environ["XDG_CACHE_HOME"] = f"{workdir}/cache"  # the checks' cache: cold at first
     server = s3_support.serve(log=os.path.join(workdir, "requests.log"))
@@ -154,7 +178,9 @@ def run(commits: int, prior: int, workdir: str) -> dict[str, Any]:
     finally:
         for _ in server:
             pass
-    figures = {"idle_sensor_requests": idle, "cycle_100_requests": max(cycle, later)}
+    delayed, undelayed = _timed_cycles(delay_ms, timed), _timed_cycles(0, timed)
+    figures = {"idle_sensor_requests": idle, "cycle_100_requests": max(cycle, later),
+               "cycle_100_seconds_delayed": delayed}
     return {
         "benchmark": "object_store_cost",
         "inbound_commits": commits,
@@ -168,6 +194,10 @@ def run(commits: int, prior: int, workdir: str) -> dict[str, Any]:
         "prior_cycles": prior,
         "cycle_100_after_prior_requests": later,
         "cycle_100_after_prior_by_method": later_by,
+        "delay_ms": delay_ms,
+        "timed_cycles": timed,
+        "cycle_100_seconds_delayed": delayed,
+        "cycle_100_seconds_undelayed": undelayed,
         "targets": TARGETS,
         "within_target": {k: figures[k] <= TARGETS[k] for k in TARGETS},
         "load_avg": {"start": load_start, "end": os.getloadavg()},
@@ -179,14 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commits", type=int, default=10_050, help="one-message enqueues seeding queue q")
     parser.add_argument("--prior-cycles", type=int, default=45,
                         help="100-message cycles of the fresh queue before its cycle is counted again")
-    parser.add_argument("--quick", action="store_true", help="150 commits, 5 prior cycles (CI: checks that it runs)")
+    parser.add_argument("--delay-ms", type=float, default=20.0, help="added to every request of the timed cycles")
+    parser.add_argument("--timed-cycles", type=int, default=5, help="timed 100-message cycles at each delay")
+    parser.add_argument("--quick", action="store_true",
+                        help="150 commits, 5 prior cycles, 2 timed cycles (CI: checks that it runs)")
     args = parser.parse_args(argv)
-    commits, prior = (150, 5) if args.quick else (args.commits, args.prior_cycles)
+    commits, prior, timed = (150, 5, 2) if args.quick else (args.commits, args.prior_cycles, args.timed_cycles)
     if commits < 1:
         parser.error("--commits must be at least 1")
     if prior < 0:
         parser.error("--prior-cycles must be 0 or more")
-    return emit(lambda workdir: run(commits, prior, workdir), None, "object_store_cost-")
+    if timed < 1:
+        parser.error("--timed-cycles must be at least 1")
+    if args.delay_ms < 0:
+        parser.error("--delay-ms must be 0 or more")
+    return emit(lambda workdir: run(commits, prior, workdir, args.delay_ms, timed), None, "object_store_cost-")
 
 
 if __name__ == "__main__":

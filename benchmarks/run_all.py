@@ -53,6 +53,7 @@ BENCHMARKS = (
     Benchmark("lake_reader"),
     # Seeded by real enqueues (about 4 s each against the local S3 server): 150 commits, not 10,000.
     Benchmark("object_store_cost", full=("--commits", "150")),
+    Benchmark("object_store_cycle"),
 )
 
 

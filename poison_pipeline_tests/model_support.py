@@ -6,7 +6,8 @@ Commit points are counted at stable, low-level places rather than at the product
 functions (which move as the product changes): every call into delta-rs that writes a table
 (`write_deltalake`, and the `DeltaTable` methods that commit), and every call on a pyarrow file
 system that makes a file durable (`open_output_stream`, `move`, `delete_file`, `delete_dir`: plain
-files such as journals and plans). The `_lease` table is left out: its commits hold the lease, not
+files such as intake notes and staged results; on an object store, the completion of an upload and
+each delete). The `_lease` table is left out: its commits hold the lease, not
 the operation's work, and a renewal thread makes them at times of its own.
 
 A child is forked from a multiprocessing fork server that imported the product once, so a child costs
@@ -40,6 +41,9 @@ HANDLER = "poison_pipeline_tests.model_support:handle"
 EXPIRY_SECONDS = 2.0
 # A takeover waits this long after a holder stopped: past its expiry, with room for a late renewal.
 PAST_EXPIRY = EXPIRY_SECONDS * 1.8
+# On the test run's S3 server a commit can take a second on a loaded machine: a 2 s lease would expire
+# while its holder renews it.
+STORE_EXPIRY_SECONDS = 4.0
 POLICIES: dict[str, dict[str, Any]] = {
     # A retry subqueue due at once, then poison; a poison cycle moves poison to quarantine.
     "qa": {"receive_retry_count": 0, "max_retry_cycles": 1, "retry_cycle_delay": "0s",
@@ -54,15 +58,19 @@ LEASE_TABLE = "_lease"
 
 
 def write_declaration(folder: Path, queues: dict[str, dict[str, Any]] | None = None,
-                      expiry: float = EXPIRY_SECONDS, wait: float = 20.0) -> Path:
-    """The declaration of a lake under `folder`, small cycles only, a short lease expiry."""
+                      expiry: float = EXPIRY_SECONDS, wait: float = 20.0,
+                      store: tuple[str, dict[str, str]] | None = None) -> Path:
+    """The declaration of a lake under `folder` (or at `store`: a lake root on an object store and
+    its storage options), small cycles only, a short lease expiry."""
     chosen = POLICIES if queues is None else queues
-    data = {
-        "lake_root": str(folder / "lake"),
+    data: dict[str, Any] = {
+        "lake_root": str(folder / "lake") if store is None else store[0],
         "lease": {"wait": f"{wait}s", "expiry": f"{expiry}s"},
         "small_cycles": {"max_messages": 1000},
         "queues": {name: {"handler": HANDLER, "policy": policy} for name, policy in chosen.items()},
     }
+    if store is not None:
+        data["storage_options"] = store[1]
     path = folder / "decl.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -326,6 +334,32 @@ def _count_file_writes(points: Points) -> None:
             return pafs.PyFileSystem(_counting(inner, points)), path
 
     pafs.FileSystem = FileSystem  # type: ignore[misc]
+    _count_store_writes(points)
+
+
+def _count_store_writes(points: Points) -> None:
+    """On an object store the product's plain files go through delta-rs's storage handler (not
+    `from_uri`): an upload is durable when its complete write closes, a delete when it is made."""
+    from deltalake.fs import DeltaStorageHandler
+
+    from poison_pipeline.storage import uri
+
+    close = uri._Upload.close
+
+    def counted_close(self: Any) -> None:
+        if self.complete and not self.closed:
+            points.around("fs.upload", lambda: close(self))
+        else:
+            close(self)
+
+    uri._Upload.close = counted_close  # type: ignore[method-assign]
+    for name in ("delete_file", "delete_dir", "delete_dir_contents", "move", "copy_file"):
+        method = getattr(DeltaStorageHandler, name)
+
+        def wrapped(self: Any, *args: Any, _method: Any = method, _name: str = name, **kwargs: Any) -> Any:
+            return points.around(f"fs.{_name} {args[0] if args else ''}", lambda: _method(self, *args, **kwargs))
+
+        setattr(DeltaStorageHandler, name, wrapped)
 
 
 

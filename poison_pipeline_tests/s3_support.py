@@ -25,17 +25,19 @@ def fresh_root(name: str = "lake") -> str:
     return f"s3://{BUCKET}/{name}{next(_prefixes)}"
 
 
-def serve(log: str | None = None) -> Iterator[dict[str, str]]:
+def serve(log: str | None = None, delay_ms: float = 0) -> Iterator[dict[str, str]]:
     """Run the server while the generator is open; yields the storage options that reach it: an
     endpoint and credentials only, as a user gives them (delta-rs 1.x commits with S3's conditional
     writes by default, which moto serves: concurrent commits are safe without another option).
-    `log`: a file that gets the server's request log, one line per request."""
+    `log`: a file that gets the server's request log, one line per request. `delay_ms`: added to
+    every request (poison_pipeline_tests/delayed_s3.py)."""
     import boto3
 
     port = free_port()
     errors = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the server
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
+    command = ([sys.executable, "-m", "poison_pipeline_tests.delayed_s3", str(port), str(delay_ms)] if delay_ms
+               else [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)])
+    server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -15,7 +16,13 @@ from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import job_name
 from poison_pipeline.domain.declaration import Declaration, DeclarationError
 from poison_pipeline.engine.cycle import run_cycle
-from poison_pipeline.operations.checks import check_conservation
+from poison_pipeline.operations.checks import (
+    POISON_GROWTH,
+    check_conservation,
+    check_growth,
+    check_oldest_waiting,
+    check_one_place,
+)
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage import schemas
@@ -199,4 +206,48 @@ def test_a_lake_older_than_the_intake_ledger_gets_an_opening_balance(spark, make
     first = check_conservation(tables)
     assert first.passed and first.metadata["accepted"] == 2
     send(declaration, {"c": {}})
+    assert check_conservation(tables).metadata["accepted"] == 3
+
+
+def test_a_check_with_nothing_changed_since_its_last_evaluation_loads_no_table(make_declaration, monkeypatch):
+    """What a check read is kept until one of the tables it read changes: asked again, it answers
+    from its note (a request per table on an object store), and after any commit it reads again."""
+    declaration = _declare(make_declaration)
+    send(declaration, {"a": {}, "b": {}})
+    tables = QueueTables.of(declaration, "q")
+    now = datetime.now(UTC)
+    first = {"conservation": check_conservation(tables), "one_place": check_one_place(tables),
+             "growth": check_growth(tables, POISON_GROWTH, 10, None),
+             "oldest": check_oldest_waiting(tables, "inbound", timedelta(minutes=1), now)}
+    assert first["conservation"].metadata["accepted"] == 2 and first["one_place"].passed
+
+    def no_load(self: QueueTables, table: str) -> Any:
+        raise AssertionError(f"{table} loaded though nothing changed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(QueueTables, "open", no_load)
+        assert check_conservation(tables) == first["conservation"]
+        assert check_one_place(tables) == first["one_place"]
+        assert check_growth(tables, POISON_GROWTH, 10, 0) == check_growth(tables, POISON_GROWTH, 10, 0)
+        later = check_oldest_waiting(tables, "inbound", timedelta(minutes=1), now + timedelta(hours=1))
+        # The due time is kept, the age is counted from it at each evaluation.
+        assert not later.passed and later.metadata["oldest_due_age_s"] >= 3600
+    send(declaration, {"c": {}})
+    assert check_conservation(tables).metadata["accepted"] == 3
+    assert check_one_place(tables).metadata["ids_checked"] == 3
+
+
+def test_a_queue_started_afresh_is_checked_afresh(make_declaration):
+    """The queue's folder deleted and its tables made again reach the same versions: the kept
+    results are for the old tables, and the note of the new ones tells them apart."""
+    declaration = _declare(make_declaration)
+    send(declaration, {"a": {}, "b": {}})
+    tables = QueueTables.of(declaration, "q")
+    assert check_conservation(tables).metadata["accepted"] == 2
+    # Everything but the kept results, which on a lake on a store stay on this machine.
+    folder = Path(declaration.lake_root) / "q"
+    for path in [*folder.iterdir(), *(folder / "_work").iterdir()]:
+        if path.name not in ("_work", "memo"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    send(declaration, {"x": {}, "y": {}, "z": {}})
     assert check_conservation(tables).metadata["accepted"] == 3

@@ -41,15 +41,23 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from poison_pipeline_tests import model_support as ms
 from poison_pipeline_tests.fuzz_support import COUNTS, active_profile
+from poison_pipeline_tests.s3_support import fresh_root
 
 # Sequences and steps per profile: `ci` (make test) is bounded, `long` (make model) is the proof.
 BUDGETS = {"ci": (10, 20), "long": (2000, 30)}
@@ -68,10 +76,20 @@ class Violation(AssertionError):
 
 
 class LakeModel(RuleBasedStateMachine):
+    # The storage options of an object store to keep the lake on (the run's S3 server), or None for
+    # a local folder.
+    store: ClassVar[dict[str, str] | None] = None
+
     def __init__(self) -> None:
         super().__init__()
         self.folder = Path(tempfile.mkdtemp(prefix="pp-model-"))
-        self.config = ms.write_declaration(self.folder)
+        if self.store is None:
+            self.config = ms.write_declaration(self.folder)
+            self.past_expiry = ms.PAST_EXPIRY
+        else:
+            self.config = ms.write_declaration(self.folder, expiry=ms.STORE_EXPIRY_SECONDS,
+                                               store=(fresh_root("model"), self.store))
+            self.past_expiry = ms.STORE_EXPIRY_SECONDS * ms.PAST_EXPIRY / ms.EXPIRY_SECONDS
         self.copies: Counter[str] = Counter()
         self.reach: dict[str, set[str]] = defaultdict(set)
         self.purgeable: set[tuple[str, str, str]] = set()  # (queue, table, id) seen before a purge
@@ -408,7 +426,7 @@ class LakeModel(RuleBasedStateMachine):
                 self.mark_interrupted(op, args)
             return
         COUNTS["model pauses that paused"] += 1
-        time.sleep(ms.PAST_EXPIRY)
+        time.sleep(self.past_expiry)
         queue = args.get("queue") or ms.QUEUES[0]
         taker = self.run("cycle", {"queue": queue, "table": "inbound", "run_id": "taker"})
         self.cycle_done(queue, "inbound", taker)
@@ -545,3 +563,17 @@ if os.environ.get("MODEL_REPRODUCE"):  # a blob hypothesis printed: run that one
 # `make test` runs the bounded profile in a process of its own (counting commit points patches delta-rs
 # for the whole process); `make model` the long one.
 test_lake_model = pytest.mark.model(LakeModel.TestCase)
+
+
+@pytest.mark.model
+def test_lake_model_on_an_s3_lake(s3_server: dict[str, str]) -> None:
+    """The same sequences with the lake on the run's S3 server: the bounded profile, whatever the
+    profile (a store's requests make each step slower; the long search runs on a local lake)."""
+    examples, steps = BUDGETS["ci"]
+    chosen = settings(_settings(), max_examples=int(os.environ.get("MODEL_S3_SEQUENCES", examples)),
+                      stateful_step_count=steps)
+    LakeModel.store = s3_server
+    try:
+        run_state_machine_as_test(LakeModel, settings=chosen)
+    finally:
+        LakeModel.store = None

@@ -1,9 +1,15 @@
-"""A lake on an object store that cannot be reached (no such bucket, no route to the endpoint):
-every command fails at once with an error naming the store and what to check, never the
-credentials, and writes nothing. The store is the test run's S3 server (`s3_server`, conftest)."""
+"""A lake on an object store: one that cannot be reached (no such bucket, no route to the endpoint)
+fails every command at once with an error naming the store and what to check, never the
+credentials, and writes nothing; one that can holds every message once through an operator's
+sequence and through processes killed at random commit points. The store is the test run's S3
+server (`s3_server`, conftest)."""
 
 from __future__ import annotations
 
+import json
+import os
+import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,7 @@ from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.intake import accepted_total
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.uri import fs_of
+from poison_pipeline_tests import model_support as ms
 from poison_pipeline_tests.s3_support import BUCKET, fresh_root
 from poison_pipeline_tests.support import places
 from poison_pipeline_tests.test_fuzz_envelopes import run_cli
@@ -127,3 +134,67 @@ def test_the_one_place_check_on_an_s3_lake_reads_only_the_files_it_has_not_read_
 
 def _no_spark() -> None:
     raise AssertionError("small cycles only: no Spark session may be started")
+
+
+# Commit points a run of each usually makes (as the model test counts them): a kill is drawn among them.
+_USUAL_POINTS = {"cycle": 12, "redrive": 7, "purge": 6, "undo": 4}
+
+
+def test_killed_at_random_commit_points_on_an_s3_lake_nothing_is_lost_and_nothing_doubled(
+        s3_server: dict[str, str], tmp_path: Path) -> None:
+    """Cycles, redrives, purges and undos, each killed (SIGKILL) right after a commit point drawn at
+    random, then run again, on a lake on the S3 server: after each, every message the test enqueued
+    is in exactly one place (a waiting or failure table, the processed or purged ledger), the
+    queue's books balance and no action is left half done. The seed is in every failure message."""
+    seed = int(os.environ.get("KILL_SEED", random.randrange(10**6)))
+    rng = random.Random(seed)
+    config = ms.write_declaration(tmp_path, expiry=ms.STORE_EXPIRY_SECONDS, store=(fresh_root("kills"), s3_server))
+    accepted: Counter[str] = Counter()
+
+    def send(ids: list[str], fail: str) -> None:
+        lines = ms.lines_for(tmp_path, ids, fail)
+        done = json.loads(ms.run_op(str(config), "enqueue", {"queue": "qc", "lines": lines}))
+        assert done["refused"] == []
+        accepted.update(ids)
+
+    def in_poison() -> list[str]:
+        return ms.ids_in(config, "qc", "poison")
+
+    send(["a1", "a2", "a3"], "always")
+    send(["n1", "n2"], "never")
+    killed = 0
+    for round_ in range(8):
+        op = rng.choice(("cycle", "cycle", "redrive", "purge", "undo"))
+        args: dict[str, Any]
+        if op == "cycle":
+            args = {"queue": "qc", "table": rng.choice(("inbound", "poison"))}
+        elif op == "redrive":
+            args = {"queue": "qc", "source": "poison", "id": f"r{round_}"}
+        elif op == "purge":
+            chosen = in_poison()[:1]
+            args = {"queue": "qc", "table": "poison", "older_than": 0, "id": f"p{round_}",
+                    **({"selection": {"ids": chosen}} if chosen else {})}
+        else:
+            done = [a for a in ms.actions(config) if a.state == "done" and not a.action_id.startswith("undo-")]
+            if not done:
+                op, args = "cycle", {"queue": "qc", "table": "inbound"}
+            else:
+                args = {"id": done[-1].action_id}
+        at = rng.randint(1, _USUAL_POINTS[op])
+        child = ms.start_child(config, op, args, "kill", at)
+        child.finish()
+        killed += child.killed()
+        said = f"seed {seed}, round {round_}: {op} {args} killed after commit point {at} ({child.outcome()})"
+        # The same command again (it waits out the dead holder's lease), then the queue's cycles.
+        ms.run_op(str(config), op, {**args, "run_id": "again"} if op == "cycle" else args)
+        for table in ("inbound", "poison"):
+            ms.run_op(str(config), "cycle", {"queue": "qc", "table": table})
+        where = ms.places(config)
+        assert {m: len(where.get(m, [])) for m in accepted} == dict(accepted), f"{said}: {dict(where)}"
+        assert set(where) == set(accepted), said
+        (received, accounted, line) = ms.product_lines(config)["qc"]
+        assert received == accounted == sum(accepted.values()), f"{said}: {line}"
+        assert {a.action_id: a.state for a in ms.actions(config) if a.state == "planned"} == {}, said
+        if round_ == 3:
+            send([f"a{round_}"], "always")
+    assert killed, f"seed {seed}: no run was killed (each ended before its drawn commit point)"

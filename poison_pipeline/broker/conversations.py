@@ -148,14 +148,16 @@ def check_end_request(declaration: Declaration, queue: str, conversation_id: str
     check_text("actor", actor)
 
 
-def ended_conversations(source: Declaration | QueueTables, queue: str | None = None) -> dict[str, tuple[int, str]]:
+def ended_conversations(source: Declaration | QueueTables, queue: str | None = None, *,
+                        snapshot: DeltaTable | None = None) -> dict[str, tuple[int, str]]:
     """conversation_id -> (code, description) of every conversation ended in a queue.
 
     Reads five narrow columns of one small table (one row per ended conversation), so a cycle can
-    afford it to dead-letter messages of an ended conversation that arrive later.
+    afford it to dead-letter messages of an ended conversation that arrive later. `snapshot`: that
+    table as the caller holds it, else it is loaded.
     """
     tables = _tables(source, queue)
-    ledger = tables.open_if_exists(CONVERSATIONS)
+    ledger = snapshot if snapshot is not None else tables.open_if_exists(CONVERSATIONS)
     if ledger is None:
         return {}
     columns = ["conversation_id", "state", "code", "description", "at"]

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+from deltalake import DeltaTable
 
 from poison_pipeline.broker.conversations import (
     CONVERSATION_ENDED,
@@ -234,10 +235,11 @@ def _ended_conversations(declaration: Declaration, queue: str, targets: set[str]
     return {name: set(ended_conversations(QueueTables.of(declaration, name))) for name in names}
 
 
-def pending_count(tables: QueueTables) -> int:
-    """Messages waiting in the transmission queue, from the Delta log alone."""
+def pending_count(tables: QueueTables, *, snapshot: DeltaTable | None = None) -> int:
+    """Messages waiting in the transmission queue, from the Delta log alone. `snapshot`: the
+    transmission table as the caller holds it, else it is loaded."""
     try:
-        return tables.stats(TRANSMISSION, datetime.now(UTC)).rows
+        return tables.stats(TRANSMISSION, datetime.now(UTC), snapshot=snapshot).rows
     except FileNotFoundError:
         return 0
 

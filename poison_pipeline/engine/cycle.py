@@ -50,7 +50,18 @@ from poison_pipeline.storage.inflight import culprits
 from poison_pipeline.storage.intake import settle_intake
 from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
 from poison_pipeline.storage.lease import Holder, LeaseGuard
-from poison_pipeline.storage.tables import QueueTables, TableStats
+from poison_pipeline.storage.tables import (
+    ACTIONS,
+    ATTEMPTS,
+    CONVERSATIONS,
+    EVENTS,
+    JOURNAL,
+    PLANS,
+    PROCESSED,
+    TRANSMISSION,
+    QueueTables,
+    TableStats,
+)
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 
@@ -170,7 +181,9 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
     queue = tables.queue
     queue_decl = declaration.queue(queue)
     report = CycleReport(queue, table)
-    previous = read_entry(tables, table)
+    # What every cycle reads first, loaded at once.
+    writer.prefetch([JOURNAL, table, EVENTS, ACTIONS, PLANS])
+    previous = read_entry(tables, table, snapshot=writer.latest_if_exists(JOURNAL))
     seq = 1
     if previous is not None:
         seq = previous.seq if previous.state == "planned" else previous.seq + 1
@@ -182,19 +195,21 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
     writer.check()
     report.interrupted = complete_interrupted(declaration, writer, run_id)
     settle_intake(writer)
-    state = queue_state(tables)
+    state = queue_state(tables, snapshot=writer.latest_if_exists(EVENTS))
     if not state.enabled:
         report.skipped = f"queue {queue!r} is disabled: {state.reason}"
         return report
     now = now or datetime.now(UTC)
     retry_cleanups(declaration, writer, now)
-    stats = tables.stats(table, now)
+    stats = tables.stats(table, now, snapshot=writer.latest(table))
     if stats.oldest is not None:
         report.oldest_age_s = (now - stats.oldest).total_seconds()
     if not stats.due_files:
         report.skipped = "no message is due"
         report.duration_s = time.perf_counter() - started
         return report
+    # What a cycle with due messages reads and commits to, loaded at once.
+    writer.prefetch([PROCESSED, ATTEMPTS, CONVERSATIONS, TRANSMISSION])
     # A small cycle is delivered beside the driver, without a Spark job (engine/local.py).
     local_delivery = stats.due_rows <= declaration.small_cycles.max_messages
     if local_delivery:
@@ -205,7 +220,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
     write_entry(writer, entry)
     ordered = queue_decl.policy.ordering is Ordering.CONVERSATION
     window_start = (now - queue_decl.policy.dedup_window).date().isoformat()
-    ledger = Ledger.within(tables, window_start)
+    ledger = Ledger.within(tables, window_start, snapshot=writer.latest(PROCESSED))
     # A small cycle screens its messages with sets in its spec, found on the driver; a big one with
     # columns joined in Spark, so that nothing per message is collected on the driver.
     small = local_delivery or stats.due_rows <= SMALL_BATCH
@@ -237,7 +252,8 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
         out_batch=f"{table}-{seq}-{run_id[:8]}",
         seen=duplicates.seen,
         losers=duplicates.losers,
-        ended=frozenset(ended_conversations(tables)) if small else frozenset(),
+        ended=frozenset(ended_conversations(tables, snapshot=writer.latest_if_exists(CONVERSATIONS)))
+        if small else frozenset(),
         blocked=blocked_conversations(tables, table, list(stats.due_batches)) if ordered and small else {},
         guard=LeaseGuard.of(lease),
         storage_options=tables.storage_options,
@@ -257,7 +273,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
     write_entry(writer, entry)
     report.seq = seq
     report.counts = finish_staged(declaration, writer, entry, fresh=True)
-    if pending_count(tables):
+    if pending_count(tables, snapshot=writer.latest_if_exists(TRANSMISSION)):
         # What this cycle's handlers sent is offered to its targets in the same run.
         writer.check()
         sent = transmit(declaration, queue, now, run_id)

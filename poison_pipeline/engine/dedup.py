@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -54,9 +55,11 @@ class Ledger:
     sizes: dict[str, int]
 
     @classmethod
-    def within(cls, tables: QueueTables, window_start: str) -> Ledger:
-        """The files of partitions `date >= window_start`, from the Delta log alone."""
-        actions = pa.table(tables.open(PROCESSED).get_add_actions(flatten=True))
+    def within(cls, tables: QueueTables, window_start: str, *, snapshot: DeltaTable | None = None) -> Ledger:
+        """The files of partitions `date >= window_start`, from the Delta log alone. `snapshot`: the
+        ledger as the caller holds it (a writer's `latest`), else it is loaded."""
+        ledger = snapshot if snapshot is not None else tables.open(PROCESSED)
+        actions = pa.table(ledger.get_add_actions(flatten=True))
         if actions.num_rows == 0:
             return cls(tables, (), (), {})
         actions = actions.filter(pc.greater_equal(actions["partition.date"], window_start))

@@ -14,6 +14,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import cycle_number
 from poison_pipeline.engine.commit import apply_staged, end_failed_conversations
 from poison_pipeline.storage.journal import JournalEntry, read_entry, remove_tree, write_entry
+from poison_pipeline.storage.tables import JOURNAL
 from poison_pipeline.storage.writer import QueueWriter
 
 
@@ -36,7 +37,7 @@ def finish_interrupted_cycles(declaration: Declaration, writer: QueueWriter) -> 
     A cycle left `planned` committed nothing and is left to the next cycle of its table."""
     finished = {}
     for table in writer.tables.waiting:
-        entry = read_entry(writer.tables, table)
+        entry = read_entry(writer.tables, table, snapshot=writer.latest_if_exists(JOURNAL))
         if entry is not None and entry.state == "staged":
             writer.check()
             finished[table] = finish_staged(declaration, writer, entry, fresh=False)

@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+from deltalake import DeltaTable
 from rich import box
 from rich.table import Table
 
@@ -117,9 +118,11 @@ def find_action(tables: QueueTables, action_id: str) -> Action | None:
     return _from_row(rows[0]) if rows else None
 
 
-def planned_actions(tables: QueueTables, kinds: Sequence[str]) -> list[Action]:
-    """The actions of these kinds still `planned` (begun, then killed), oldest first."""
-    ledger = tables.open_if_exists(ACTIONS)
+def planned_actions(tables: QueueTables, kinds: Sequence[str], *, snapshot: DeltaTable | None = None
+                    ) -> list[Action]:
+    """The actions of these kinds still `planned` (begun, then killed), oldest first. `snapshot`:
+    the actions ledger as the caller holds it, else it is loaded."""
+    ledger = snapshot if snapshot is not None else tables.open_if_exists(ACTIONS)
     if ledger is None:
         return []
     rows = ledger.to_pyarrow_dataset().to_table(

@@ -1,4 +1,6 @@
 """The asset checks of a queue as plain functions: each reads Delta logs or one narrow column, no Spark.
+What each reads is kept until one of the tables it read changes (storage/memo.py): an evaluation
+that finds nothing changed costs a request per table, whatever the tables' history.
 
 - conservation (error): what the queue ever accepted (the intake ledger) equals what it accounts for
   (the conservation line: waiting, failed, terminal and purged);
@@ -9,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
@@ -19,6 +21,7 @@ import pyarrow.compute as pc
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, QUARANTINE
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.storage.intake import accepted_total, ensure_intake
+from poison_pipeline.storage.memo import remembered
 from poison_pipeline.storage.message_ids import message_ids
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import LeaseFreeAppender
@@ -49,7 +52,15 @@ class CheckOutcome:
     metadata: dict[str, int | float | str | list[str] | None] = field(default_factory=dict)
 
 
+def _outcome_of(kept: dict[str, object]) -> CheckOutcome:
+    return CheckOutcome(**{**kept, "severity": Severity(kept["severity"])})  # type: ignore[arg-type]
+
+
 def check_conservation(tables: QueueTables) -> CheckOutcome:
+    return remembered(tables, CONSERVATION, _conservation, asdict, _outcome_of)
+
+
+def _conservation(tables: QueueTables) -> CheckOutcome:
     accepted = accepted_total(tables)
     if accepted is None:
         ensure_intake(LeaseFreeAppender(tables))  # a lake older than the intake ledger: its opening balance starts it
@@ -73,6 +84,10 @@ def check_conservation(tables: QueueTables) -> CheckOutcome:
 
 
 def check_one_place(tables: QueueTables) -> CheckOutcome:
+    return remembered(tables, ONE_PLACE, _one_place, asdict, _outcome_of)
+
+
+def _one_place(tables: QueueTables) -> CheckOutcome:
     # A table may hold one id twice (enqueued twice, the later one a duplicate-to-be); two tables may not.
     watched = (*tables.waiting, DEAD_LETTER, QUARANTINE)
     ids = {table: message_ids(tables, table) for table in watched}
@@ -99,7 +114,8 @@ def check_one_place(tables: QueueTables) -> CheckOutcome:
 def check_growth(tables: QueueTables, name: str, threshold: int, previous: int | None) -> CheckOutcome:
     """Net growth of the watched tables' rows since `previous` (the last check's count; none: from 0)."""
     watched = GROWTH_TABLES[name]
-    counts = {table: tables.open(table).count() if tables.exists(table) else 0 for table in watched}
+    counts: dict[str, int] = remembered(tables, name, lambda read: {
+        table: read.open(table).count() if read.exists(table) else 0 for table in watched}, dict, dict)
     rows = sum(counts.values())
     growth = rows - (previous or 0)
     since = "since the previous check" if previous is not None else "with no earlier check"
@@ -114,7 +130,9 @@ def check_oldest_waiting(tables: QueueTables, table: str, threshold: timedelta,
                          now: datetime | None = None) -> CheckOutcome:
     """How long the table's oldest due message has been due, from the log's due_at statistics."""
     now = now or datetime.now(UTC)
-    due = _oldest_due(tables, table)
+    due = remembered(tables, f"{OLDEST_WAITING}-{table}", lambda read: _oldest_due(read, table),
+                     lambda at: None if at is None else at.isoformat(),
+                     lambda kept: None if kept is None else datetime.fromisoformat(kept))
     age = max((now - due).total_seconds(), 0.0) if due is not None and due <= now else 0.0
     passed = age <= threshold.total_seconds()
     if due is None or due > now:

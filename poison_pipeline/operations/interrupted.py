@@ -31,7 +31,7 @@ from poison_pipeline.operations.redrive import RedriveError, planned_rows, redri
 from poison_pipeline.operations.undo import UndoError, undo
 from poison_pipeline.storage.lease import LeaseHeld
 from poison_pipeline.storage.plans import remove_finished_plans
-from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.tables import ACTIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
 # Redrives before edits (an edit completes through its own redrive) and undos last.
@@ -55,7 +55,8 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
     tables = writer.tables
     writer.settled = True  # the commands a completion runs hold this writer: they complete nothing more
     outcome = Completed()
-    planned = sorted((a for a in planned_actions(tables, _ORDER) if a.action_id not in resuming),
+    planned = sorted((a for a in planned_actions(tables, _ORDER, snapshot=writer.latest_if_exists(ACTIONS))
+                      if a.action_id not in resuming),
                      key=lambda a: _ORDER.index(a.kind))
     if planned:  # a completion must not move what a cycle a kill left staged took
         finish_interrupted_cycles(declaration, writer)

@@ -65,8 +65,10 @@ def state_commit(tables: QueueTables, rows: list[dict[str, object]], enabled: bo
     return pa.Table.from_pylist(named, schema=schemas.EVENTS), Transaction(_state_app(tables), version)
 
 
-def queue_state(tables: QueueTables) -> QueueState:
-    events = tables.open_if_exists(EVENTS)
+def queue_state(tables: QueueTables, *, snapshot: DeltaTable | None = None) -> QueueState:
+    """Whether the queue is enabled, and why not. `snapshot`: the events table as the caller holds
+    it (a writer's `latest_if_exists`), else it is loaded."""
+    events = snapshot if snapshot is not None else tables.open_if_exists(EVENTS)
     if events is None:
         return QueueState(enabled=True)
     version = events.transaction_version(_state_app(tables))

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+from deltalake import DeltaTable
 
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage import uri as lake
@@ -45,9 +46,10 @@ def _legacy_uri(tables: QueueTables, table: str) -> str:
     return tables.work_uri("journal", f"{table}.json")
 
 
-def read_entry(tables: QueueTables, table: str) -> JournalEntry | None:
-    """The entry of `table`'s latest cycle; None before its first."""
-    journal = tables.open_if_exists(JOURNAL)
+def read_entry(tables: QueueTables, table: str, *, snapshot: DeltaTable | None = None) -> JournalEntry | None:
+    """The entry of `table`'s latest cycle; None before its first. `snapshot`: the journal as the
+    caller holds it (a writer's `latest_if_exists`), else it is loaded."""
+    journal = snapshot if snapshot is not None else tables.open_if_exists(JOURNAL)
     if journal is not None:
         rows = journal.to_pyarrow_dataset().to_table(
             filter=pads.field("waiting_table") == table).to_pylist()

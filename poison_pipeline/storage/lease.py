@@ -118,12 +118,34 @@ class Lease:
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._renew_error: Exception | None = None
+        self._table: DeltaTable | None = None
 
     # -- reading and writing the row -------------------------------------------------------
 
     def _open(self) -> DeltaTable:
+        """The lease table as it is now. The snapshot is kept and brought up to date (the commits
+        since, a few requests on an object store) rather than loaded again (the log since its last
+        checkpoint, a renewal's commit each): it is this lease's own, read and written by one
+        thread at a time (the renewer runs only between `acquire` and `release`)."""
+        if self._table is not None:
+            try:
+                self._table.update_incremental()
+            except Exception:  # noqa: BLE001 - a log cleaned up under it, say: load it again
+                self._table = None
+        if self._table is None:
+            self._table = self._load()
+        table = self._table
+        if not table.file_uris():
+            # Released by an older version (no row at all): give the next overwrite a file to
+            # remove, or two starters could both take the lease. Two of these writes may both
+            # land; they add rows that name no holder, which is harmless.
+            with writing(f"writing the lease of queue {self.queue!r}", self.uri):
+                write_deltalake(table, _rows(None, 0), mode="append")
+        return table
+
+    def _load(self) -> DeltaTable:
         try:  # the lease exists but on a queue's very first use: asking first would cost a load more
-            table = DeltaTable(self.uri, storage_options=self.storage_options)
+            return DeltaTable(self.uri, storage_options=self.storage_options)
         except TableNotFoundError:
             with writing(f"creating the lease of queue {self.queue!r}", self.uri):
                 try:
@@ -132,15 +154,7 @@ class Lease:
                 except DeltaError:
                     if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
                         raise  # not a creation race: a real storage problem
-            table = DeltaTable(self.uri, storage_options=self.storage_options)
-        if not table.file_uris():
-            # Released by an older version (no row at all): give the next overwrite a file to
-            # remove, or two starters could both take the lease. Two of these writes may both
-            # land; they add rows that name no holder, which is harmless.
-            with writing(f"writing the lease of queue {self.queue!r}", self.uri):
-                write_deltalake(table, _rows(None, 0), mode="append")
-            table = DeltaTable(self.uri, storage_options=self.storage_options)
-        return table
+            return DeltaTable(self.uri, storage_options=self.storage_options)
 
     @staticmethod
     def _holder(table: DeltaTable) -> Holder | None:

@@ -88,8 +88,7 @@ def remove_finished_plans(writer: QueueWriter, finished: Callable[[str], bool]) 
     """Remove every plan whose action `finished(action_id)` says is no longer planned: a run killed
     after it recorded its action done and before it removed the plan left it (a rerun by the same
     id removes it too). Returns the ids of the actions whose plans it removed; none, no commit."""
-    tables = writer.tables
-    plans = tables.open_if_exists(PLANS)
+    plans = writer.latest_if_exists(PLANS)
     if plans is None:
         return []
     found = plans.to_pyarrow_dataset().to_table(columns=["action_id", "kind"]).to_pylist()

@@ -339,10 +339,11 @@ class QueueTables:
                 batches.append(ids)
         return np.concatenate(files), pa.concat_arrays(batches)
 
-    def stats(self, table: str, now: datetime) -> TableStats:
+    def stats(self, table: str, now: datetime, *, snapshot: DeltaTable | None = None) -> TableStats:
         """Rows, oldest entry and due batches of a table, from the Delta log's file statistics (and
-        the batch ids of the few files that a rewrite left holding several batches)."""
-        target = self.open(table)
+        the batch ids of the few files that a rewrite left holding several batches). `snapshot`:
+        the table as the caller holds it (a writer's `latest`), else it is loaded."""
+        target = snapshot if snapshot is not None else self.open(table)
         actions = pa.table(target.get_add_actions(flatten=True))
         if actions.num_rows == 0:
             return TableStats(target.version(), 0, 0, None, 0, (), (), None)

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -74,29 +75,90 @@ def _again_on_conflict(commit: Callable[[int], T], tries: int = _COMMIT_TRIES) -
 
 
 class Committer:
-    """Commits to the tables of one queue, each carrying `fence` when there is one."""
+    """Commits to the tables of one queue, each carrying `fence` when there is one.
+
+    A committer keeps its own snapshot of each table it commits to and brings it up to date before
+    each use (`latest`): loading a table lists its log and reads every commit since its last
+    checkpoint, several times (dozens of requests on an object store), where bringing a snapshot up
+    to date reads only the commits made since. The snapshots are the committer's alone: a caller
+    that must commit from the version it read opens a table of its own (`QueueTables.open`)."""
 
     def __init__(self, tables: QueueTables, fence: Transaction | None) -> None:
         self.tables = tables
         self._fence = fence
+        self._snapshots: dict[str, DeltaTable] = {}
+        # The version of each kept snapshot up to which no newer epoch is recorded: reading a table's
+        # app transactions reads its whole log again, so it is read once per version the table reaches.
+        self._admitted: dict[str, int] = {}
+        self._prefetched: set[str] = set()
 
     def check(self) -> None:
         """Before a commit: stop one whose writer knows it may not commit any more (the storage
         refuses it anyway; this only spares the work of making it)."""
 
+    def latest(self, table: str) -> DeltaTable:
+        """`table` as it is now, from this committer's kept snapshot (loaded at its first use; at the
+        first use after `prefetch`, as the prefetch loaded it: a commit made from it since is caught
+        by Delta's conflict checker as from any snapshot)."""
+        kept = self._snapshots.get(table)
+        if table in self._prefetched:
+            self._prefetched.discard(table)  # loaded moments ago, for this first use
+            return kept  # type: ignore[return-value]
+        if kept is not None:
+            try:
+                kept.update_incremental()
+                return kept
+            except Exception:  # noqa: BLE001 - a log cleaned up under it, say: load it again
+                self._admitted.pop(table, None)
+        kept = self._snapshots[table] = self.tables.open(table)
+        return kept
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """Load at once the snapshots of `names` not kept yet (those that exist): a load is a
+        series of requests each waiting for the last, so on an object store loading tables one after
+        the other adds up their latencies."""
+        missing = [name for name in dict.fromkeys(names) if name not in self._snapshots]
+        if len(missing) < 2:
+            return
+        with ThreadPoolExecutor(min(8, len(missing)), thread_name_prefix="prefetch") as pool:
+            loaded = list(pool.map(self.tables.open_if_exists, missing))
+        for name, snapshot in zip(missing, loaded, strict=True):
+            if snapshot is not None:
+                self._snapshots[name] = snapshot
+                self._prefetched.add(name)
+
+    def latest_if_exists(self, table: str) -> DeltaTable | None:
+        """`latest`, or None while `table` does not exist."""
+        try:
+            return self.latest(table)
+        except FileNotFoundError:
+            return None
+
     def _admit(self, target: DeltaTable, table: str) -> list[Transaction]:
         """The fence's transaction for a commit from `target`, refusing a snapshot that shows a newer one."""
         if self._fence is None:
             return []
+        kept = self._snapshots.get(table) is target
+        if kept and self._admitted.get(table) == target.version():
+            return [self._fence]
         seen = target.transaction_version(self._fence.app_id)
         if seen is not None and seen > self._fence.version:
             raise Fenced(f"the lease of queue {self.tables.queue!r} was taken over (epoch {seen}, this holder's "
                          f"{self._fence.version}): {self.tables.describe(table)} refuses this holder's commits")
+        if kept:
+            self._admitted[table] = target.version()
         return [self._fence]
+
+    def _committed(self, table: str, target: DeltaTable, before: int) -> None:
+        """After a commit from `target` read at version `before`: when the table now stands at the
+        very next version, that commit is this committer's own, and no newer epoch came with it."""
+        if self._snapshots.get(table) is target and self._admitted.get(table) == before \
+                and target.version() == before + 1:
+            self._admitted[table] = before + 1
 
     def _refused(self, table: str) -> None:
         """After delta-rs refused a commit: raise Fenced when a newer epoch is why (the table as it
-        is now, whatever snapshot the commit was made from)."""
+        is now, whatever snapshot the commit was made from: loaded afresh, a refusal being rare)."""
         self._admit(DeltaTable(self.tables.uri(table), storage_options=self.tables.storage_options), table)
 
     def properties(self, target: DeltaTable, table: str, transactions: Sequence[Transaction] = (),
@@ -116,7 +178,8 @@ class Committer:
 
         def once(attempt: int) -> bool:
             self.check()
-            target = snapshot if snapshot is not None and attempt == 0 else tables.open(table)
+            target = snapshot if snapshot is not None and attempt == 0 else self.latest(table)
+            before = target.version()
             transactions = list(also)
             if app_id is not None:
                 # `or -1` would read a committed version 0 as "never committed".
@@ -140,6 +203,7 @@ class Committer:
             except CommitFailedError:
                 self._refused(table)
                 raise
+            self._committed(table, target, before)
             if on_commit is not None:
                 on_commit(target.version())
             return True
@@ -191,10 +255,13 @@ class QueueWriter(Committer):
         names = [*self.tables.all_tables, *((INTAKE,) if self.tables.exists(INTAKE) else ())]
         for table in names:
             def once(attempt: int, table: str = table) -> None:
-                target = self.tables.open(table)
+                target = self.latest(table)
+                before = target.version()
                 with writing("fencing out the lease's previous holder", self.tables.describe(table)):
                     target.create_write_transaction([], "append", target.schema(),
                                                     commit_properties=self.properties(target, table))
+                target.update_incremental()  # a transaction leaves its snapshot where it was
+                self._committed(table, target, before)
             _again_on_conflict(once)
 
     def remove_batches(self, table: str, batch_ids: Iterable[str]) -> None:
@@ -207,7 +274,8 @@ class QueueWriter(Committer):
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
 
         def once(attempt: int) -> None:
-            target = tables.open(table)
+            target = self.latest(table)
+            before = target.version()
             try:
                 with writing("deleting taken batches from a table", tables.describe(table)):
                     removes = None if schemas.PARTITIONS.get(table) else whole_file_removes(
@@ -219,9 +287,11 @@ class QueueWriter(Committer):
                         noted = self.properties(target, table,
                                                 metadata={"poison_pipeline.removed_batches": str(len(ids))})
                         target.create_write_transaction(removes, "append", target.schema(), commit_properties=noted)
+                        target.update_incremental()  # a transaction leaves its snapshot where it was
             except CommitFailedError:
                 self._refused(table)
                 raise
+            self._committed(table, target, before)
 
         _again_on_conflict(once)
 
@@ -267,7 +337,8 @@ class QueueWriter(Committer):
         """Replace the rows matching `predicate` (SQL over the table's own columns, built by the
         caller from quoted values) with `rows`, in one commit."""
         self.check()
-        target = self.tables.open(table)
+        target = self.latest(table)
+        before = target.version()
         properties = self.properties(target, table)
         try:
             with writing(doing, self.tables.describe(table)):
@@ -276,6 +347,7 @@ class QueueWriter(Committer):
         except CommitFailedError:
             self._refused(table)
             raise
+        self._committed(table, target, before)
 
     def restore(self, table: str, version: int, snapshot: DeltaTable, also: Sequence[Transaction] = ()) -> None:
         """Restore `table` to `version` from `snapshot` (refused if another commit came since it);
