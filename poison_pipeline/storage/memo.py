@@ -7,7 +7,7 @@ directory for a lake on an object store). The next reader asks the store whether
 after each noted version exists (a version is written once: absent means no commit since) and
 whether the queue's note of its tables (`_work/tables.json`, QueueTables.ensure) is the same file:
 a queue whose folder was deleted and started afresh counts its versions from 0 again, under a new
-note. One request per table and one for the note, whatever the tables' history, where loading a
+note. One request per table and two for the note, whatever the tables' history, where loading a
 table reads its last checkpoint and every commit since (three times, with delta-rs 1.x).
 
 A memo that cannot be read (missing, torn, from another version) only means the result is computed.
@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 
 from poison_pipeline.storage.column_cache import cache_folder
 from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline.storage.uri import fs_of_all, whole
+from poison_pipeline.storage.uri import absent, fs_of_all, whole
 
 __all__ = ["RecordingTables", "remembered"]
 
@@ -105,6 +105,6 @@ def _marks(tables: QueueTables, versions: dict[str, int]) -> tuple[str | None, b
     names = sorted(versions)
     uris = [tables.work_uri(_NOTE), *(f"{tables.uri(t)}/_delta_log/{versions[t] + 1:020d}.json" for t in names)]
     fs, paths = fs_of_all(uris, tables.storage_options)
-    note, *following = fs.get_file_info(paths)
+    note = fs.get_file_info(paths[0])
     mark = None if note.type == pafs.FileType.NotFound else f"{note.size}/{note.mtime_ns}"
-    return mark, all(entry.type == pafs.FileType.NotFound for entry in following)
+    return mark, all(absent(fs, paths[1:]))

@@ -31,7 +31,7 @@ from poison_pipeline.domain.routing import (
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.lease import LEASE_TABLE, Holder, current_holder
-from poison_pipeline.storage.uri import fs_of, fs_of_all, whole_in
+from poison_pipeline.storage.uri import absent, fs_of, fs_of_all, whole_in
 
 ATTEMPTS = "attempts"
 EVENTS = "events"
@@ -305,21 +305,22 @@ class QueueTables:
         made again has other entries, so another mark."""
         if version is None:
             return None
-        return _mark(version, self._log_entries(table, [version])[0])
+        fs, (path,) = fs_of_all([self._log_entry(table, version)], self.storage_options)
+        return _mark(version, fs.get_file_info(path))
 
     def unchanged_since(self, table: str, mark: str | None) -> bool:
         """Whether `table` is still as `log_mark` saw it, asked of the two log entries that say so:
-        the marked one, the same, and the next one, absent. Two requests on an object store whatever
-        the table's history, where loading the table reads its last checkpoint and every commit since."""
-        if mark is None:
-            return self._log_entries(table, [0])[0].type == pafs.FileType.NotFound
-        version = int(mark.split("/", 1)[0])
-        entry, following = self._log_entries(table, [version, version + 1])
-        return _mark(version, entry) == mark and following.type == pafs.FileType.NotFound
+        the next one, absent, and the marked one, the same. Three requests on an object store
+        whatever the table's history, where loading the table reads its last checkpoint and every
+        commit since."""
+        version = -1 if mark is None else int(mark.split("/", 1)[0])
+        fs, paths = fs_of_all([self._log_entry(table, v) for v in (version + 1, version)], self.storage_options)
+        if not absent(fs, paths[:1])[0]:
+            return False
+        return mark is None or _mark(version, fs.get_file_info(paths[1])) == mark
 
-    def _log_entries(self, table: str, versions: list[int]) -> list[pafs.FileInfo]:
-        fs, paths = fs_of_all([f"{self.uri(table)}/_delta_log/{v:020d}.json" for v in versions], self.storage_options)
-        return fs.get_file_info(paths)
+    def _log_entry(self, table: str, version: int) -> str:
+        return f"{self.uri(table)}/_delta_log/{version:020d}.json"
 
     @staticmethod
     def _batches_of_files(target: DeltaTable, actions: pa.Table) -> tuple[np.ndarray, pa.Array]:

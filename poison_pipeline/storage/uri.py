@@ -105,6 +105,22 @@ def whole_in(fs: pafs.FileSystem, path: str) -> Iterator[pa.NativeFile]:
     stream.close()
 
 
+def absent(fs: pafs.FileSystem, paths: Sequence[str]) -> list[bool]:
+    """Whether each of `paths` (of `fs`, as `fs_of` gave it) is absent: one request each on an
+    object store, where asking for a file's info also lists its folder (two)."""
+    if not _is_store(fs):
+        return [info.type == pafs.FileType.NotFound for info in fs.get_file_info(list(paths))]
+    found = []
+    for path in paths:
+        try:
+            fs.open_input_file(path).close()
+        except FileNotFoundError:
+            found.append(True)
+        else:
+            found.append(False)
+    return found
+
+
 def _is_store(fs: pafs.FileSystem) -> bool:
     """Whether `fs` is an object store opened by `fs_of` (delta-rs's handler; only imported then)."""
     handler_module = sys.modules.get("deltalake.fs")
