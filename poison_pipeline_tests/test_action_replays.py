@@ -337,14 +337,15 @@ def test_an_edit_completes_an_interrupted_redrive_of_its_message_first(make_decl
 
 def test_an_undo_into_another_queue_killed_half_way_is_completed_by_its_queues_next_cycle(
         make_declaration, monkeypatch):
-    """The undo put the messages back in q's poison and was killed before it removed them from z's
-    inbound: q's next cycle completes it, taking z's lease as the undo did."""
+    """The undo held the copies in z's inbound, put the messages back in q's poison and was killed
+    before it removed them from z's inbound: q's next cycle completes it, taking z's lease as the
+    undo did."""
     declaration = lake(make_declaration, "q", "z")
     two_in_poison(declaration)
     redrive(declaration, "q", POISON, to="z", redrive_id="r1")
     send(declaration, "z", {"n1": {}})  # z changed since: the undo compensates
     with monkeypatch.context() as patch:
-        kill_before(patch, QueueWriter, "replace_batches", 1)
+        kill_before(patch, QueueWriter, "replace_batches", 2)  # the first holds the copies
         with pytest.raises(Killed):
             undo(declaration, "r1")
     assert places(declaration, "z") == {"m1": [INBOUND], "m2": [INBOUND], "n1": [INBOUND]}

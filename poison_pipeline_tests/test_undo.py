@@ -10,6 +10,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -28,7 +29,7 @@ from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import UndoError, format_undo, undo
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import PURGED, QueueTables
-from poison_pipeline.storage.writer import queue_writer
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 from poison_pipeline_tests.support import places, rows, table_versions
 from poison_pipeline_tests.test_redrive import lake  # noqa: F401 - the shared fixture
 
@@ -380,3 +381,36 @@ def test_the_command_undoes_edits_and_names_the_one_already_processed(spark, lak
     tables = QueueTables.of(declaration, "q")
     assert find_action(tables, first).state == UNDONE and find_action(tables, second).state == UNDONE
     assert [e["edit_id"] for e in edits_of(declaration, "db-0")] == [first]  # the history stays
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_an_undo_of_a_redrive_to_another_queue_killed_before_its_removal_leaves_no_copy_to_deliver(
+        spark, lake, monkeypatch):  # noqa: F811
+    """Killed after the messages went back, before they left the other queue's inbound: that queue's
+    own cycles (which do not complete another queue's undo) leave its copies alone, and the undo run
+    again removes them: every message in one place."""
+    declaration, _ = lake
+    redrive(declaration, "q", "poison", Selection(ids=("db-1", "db-2")), to="other", redrive_id="r1")
+    assert places(declaration, "other") == {"db-1": ["inbound"], "db-2": ["inbound"]}
+    real = QueueWriter.replace_batches
+
+    def removal_killed(self: QueueWriter, table: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("add") is None:  # the removal, not the hold
+            raise _Killed("killed before the removal")
+        return real(self, table, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(QueueWriter, "replace_batches", removal_killed)
+        with pytest.raises(_Killed):
+            undo(declaration, "r1")
+    assert sorted(r["message_id"] for r in rows(declaration, "poison")) == ["db-0", "db-1", "db-2", "own-1"]
+    report = run_cycle(spark, declaration, "other", "inbound")
+    assert report.skipped == "no message is due", report.counts  # the copies wait for the undo
+    assert sorted(r["message_id"] for r in rows(declaration, "inbound", "other")) == ["db-1", "db-2"]
+    assert undo(declaration, "r1").restored == 2
+    where = places(declaration)
+    assert {m: where[m] for m in ("db-1", "db-2")} == {"db-1": ["poison"], "db-2": ["poison"]}
+    assert places(declaration, "other") == {}

@@ -252,6 +252,8 @@ def _compensate(writer: QueueWriter, source: str, target_writer: QueueWriter, ac
     back = moved_then.filter(pc.and_(
         pc.is_in(moved_then["message_id"], value_set=pa.array(sorted(still), pa.string())),
         pc.invert(pc.is_in(moved_then["message_id"], value_set=present["message_id"]))))
+    if target.queue != tables.queue and still:
+        _hold(target_writer, prefix, still)
     if back.num_rows:
         writer.append(source, back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
     if inbound.num_rows:
@@ -261,6 +263,26 @@ def _compensate(writer: QueueWriter, source: str, target_writer: QueueWriter, ac
     lost = sorted(set(ids) - restored)
     return UndoResult(undo_id, action.action_id, action.kind, COMPENSATE, restored=len(restored),
                       unrecoverable=lost, unrecoverable_reasons=_why_gone(target, lost))
+
+
+# When a held copy comes due: never (the undo that holds it removes it).
+_HELD_UNTIL = datetime(9999, 12, 31, tzinfo=UTC)
+
+
+def _hold(target_writer: QueueWriter, prefix: str, still: set[str]) -> None:
+    """Make the redriven copies in another queue's inbound wait until this undo removes them, in one
+    commit, before the messages go back: a kill between going back and the removal would otherwise
+    leave a copy that the target's own cycles deliver (they do not complete another queue's undo),
+    and the message would end in two places."""
+    ids = pa.array(sorted(still), pa.string())
+    rows = target_writer.tables.open(INBOUND).to_pyarrow_dataset().to_table(
+        filter=pc.starts_with(pc.field("batch_id"), prefix) & pc.field("message_id").isin(ids))
+    if rows.num_rows == 0 or pc.all(pc.equal(rows["due_at"], pa.scalar(_HELD_UNTIL, rows["due_at"].type))).as_py():
+        return  # held by an earlier run of this undo
+    held = rows.set_column(rows.schema.get_field_index("due_at"), "due_at",
+                           pa.array([_HELD_UNTIL] * rows.num_rows, rows["due_at"].type))
+    target_writer.replace_batches(INBOUND, sorted(set(rows["batch_id"].to_pylist())),
+                                  keep=~pads.field("message_id").isin(ids), add=held)
 
 
 def _why_gone(target: QueueTables, ids: list[str]) -> dict[str, list[str]]:

@@ -90,20 +90,17 @@ class Committer:
         # The version of each kept snapshot up to which no newer epoch is recorded: reading a table's
         # app transactions reads its whole log again, so it is read once per version the table reaches.
         self._admitted: dict[str, int] = {}
-        self._prefetched: set[str] = set()
 
     def check(self) -> None:
         """Before a commit: stop one whose writer knows it may not commit any more (the storage
         refuses it anyway; this only spares the work of making it)."""
 
     def latest(self, table: str) -> DeltaTable:
-        """`table` as it is now, from this committer's kept snapshot (loaded at its first use; at the
-        first use after `prefetch`, as the prefetch loaded it: a commit made from it since is caught
-        by Delta's conflict checker as from any snapshot)."""
+        """`table` as it is now, from this committer's kept snapshot (loaded at its first use). Always
+        brought up to date, even just after `prefetch`: the holder's own work commits through other
+        snapshots too (an undo's restore, a redrive's append), and a read from a snapshot that
+        missed one would select what was already moved."""
         kept = self._snapshots.get(table)
-        if table in self._prefetched:
-            self._prefetched.discard(table)  # loaded moments ago, for this first use
-            return kept  # type: ignore[return-value]
         if kept is not None:
             try:
                 kept.update_incremental()
@@ -125,7 +122,6 @@ class Committer:
         for name, snapshot in zip(missing, loaded, strict=True):
             if snapshot is not None:
                 self._snapshots[name] = snapshot
-                self._prefetched.add(name)
 
     def latest_if_exists(self, table: str) -> DeltaTable | None:
         """`latest`, or None while `table` does not exist."""
