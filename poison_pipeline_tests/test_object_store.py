@@ -145,8 +145,10 @@ def test_killed_at_random_commit_points_on_an_s3_lake_nothing_is_lost_and_nothin
     """Cycles, redrives, purges and undos, each killed (SIGKILL) right after a commit point drawn at
     random, then run again, on a lake on the S3 server: after each, every message the test enqueued
     is in exactly one place (a waiting or failure table, the processed or purged ledger), the
-    queue's books balance and no action is left half done. The seed is in every failure message."""
-    seed = int(os.environ.get("KILL_SEED", random.randrange(10**6)))
+    queue's books balance and no action is left half done. `make test` draws the same points every
+    time (a CI run fails for a change, not a draw); `KILL_SEED` draws others, and the seed is in every
+    failure message."""
+    seed = int(os.environ.get("KILL_SEED", 1))
     rng = random.Random(seed)
     config = ms.write_declaration(tmp_path, expiry=ms.STORE_EXPIRY_SECONDS, store=(fresh_root("kills"), s3_server))
     accepted: Counter[str] = Counter()
