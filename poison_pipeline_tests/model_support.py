@@ -55,6 +55,9 @@ POLICIES: dict[str, dict[str, Any]] = {
 QUEUES = tuple(POLICIES)
 FAILURE_TABLES = ("poison", "dead_letter", "quarantine")
 LEASE_TABLE = "_lease"
+# Commit points a run of each operation usually makes (a cycle that moves messages, a redrive within
+# its queue): where a kill is drawn before a run of it has been counted.
+USUAL_POINTS = {"cycle": 12, "redrive": 7, "edit": 9, "purge": 6, "undo": 4}
 
 
 def write_declaration(folder: Path, queues: dict[str, dict[str, Any]] | None = None,

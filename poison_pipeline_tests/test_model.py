@@ -69,8 +69,6 @@ KINDS = ("never", "always", "fixable")
 OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit")
 # What a kill or pause interrupts: operator commands mostly, a cycle sometimes.
 INTERRUPTED = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "cycle")
-# Commit points a run of each usually makes (a cycle that moves messages, a redrive within its queue).
-USUAL_POINTS = {"cycle": 12, "redrive": 7, "edit": 9, "purge": 6, "undo": 4}
 
 
 class Violation(AssertionError):
@@ -377,7 +375,7 @@ class LakeModel(RuleBasedStateMachine):
         """One of the commit points `op` may make: of as many as the most a run of it made in this
         sequence (counted as the model runs operations in-process), or its usual count before one ran.
         A point beyond what this run makes lets it end by itself."""
-        most = max(self.points_seen.get(self.point_key(op, args), 0), USUAL_POINTS[op])
+        most = max(self.points_seen.get(self.point_key(op, args), 0), ms.USUAL_POINTS[op])
         # A fraction, not integers(1, n): n grows during a sequence, and a replay needs the same draw.
         return 1 + data.draw(st.integers(0, 999)) * most // 1000
 

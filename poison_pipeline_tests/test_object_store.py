@@ -136,10 +136,6 @@ def _no_spark() -> None:
     raise AssertionError("small cycles only: no Spark session may be started")
 
 
-# Commit points a run of each usually makes (as the model test counts them): a kill is drawn among them.
-_USUAL_POINTS = {"cycle": 12, "redrive": 7, "purge": 6, "undo": 4}
-
-
 def test_killed_at_random_commit_points_on_an_s3_lake_nothing_is_lost_and_nothing_doubled(
         s3_server: dict[str, str], tmp_path: Path) -> None:
     """Cycles, redrives, purges and undos, each killed (SIGKILL) right after a commit point drawn at
@@ -182,7 +178,7 @@ def test_killed_at_random_commit_points_on_an_s3_lake_nothing_is_lost_and_nothin
                 op, args = "cycle", {"queue": "qc", "table": "inbound"}
             else:
                 args = {"id": done[-1].action_id}
-        at = rng.randint(1, _USUAL_POINTS[op])
+        at = rng.randint(1, ms.USUAL_POINTS[op])
         child = ms.start_child(config, op, args, "kill", at)
         child.finish()
         killed += child.killed()
