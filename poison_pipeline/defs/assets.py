@@ -6,6 +6,7 @@ from typing import Any
 from dagster import (
     AssetExecutionContext,
     AssetKey,
+    AssetMaterialization,
     AssetsDefinition,
     MaterializeResult,
     MetadataValue,
@@ -21,9 +22,11 @@ from poison_pipeline.defs.failure_metadata import (
 )
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.defs.resources import SparkResource
+from poison_pipeline.defs.waiting_runs import other_work_waiting
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.engine.cycle import CycleReport, run_cycle
+from poison_pipeline.engine.stay import stay
 from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
@@ -85,16 +88,32 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
     # What other queues' handlers send arrives in the inbound through their transmission queues.
     senders = [asset_key(q, TRANSMISSION) for q in declaration.senders_to(queue)] if table == INBOUND else []
 
+    # Only the inbound's runs stay: arrivals are what an application waits for; retry subqueues
+    # come due on their delay, which their sensors see in time.
+    stays = declaration.queue(queue).latency.stay.total_seconds() if table == INBOUND else 0.0
+
     @asset(**_spec(declaration, queue, table, upstream, description, spark=True, extra=senders))
     def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
         before = ledger_versions(declaration, queue)
-        report = run_cycle(lambda: spark.spark_session, declaration, queue, table, run_id=context.run.run_id,
-                           on_wait=lambda holder: context.log.warning(
-                               f"{queue}: waiting for the queue's lease, held by {holder.describe()}"))
-        if report.skipped:
-            context.log.warning(f"{queue}/{table}: processed nothing: {report.skipped}")
-        else:
-            context.log.info(f"{queue}/{table}: cycle {report.seq}: {report.counts}")
+
+        def one_cycle() -> CycleReport:
+            report = run_cycle(lambda: spark.spark_session, declaration, queue, table, run_id=context.run.run_id,
+                               on_wait=lambda holder: context.log.warning(
+                                   f"{queue}: waiting for the queue's lease, held by {holder.describe()}"))
+            if report.skipped:
+                context.log.warning(f"{queue}/{table}: processed nothing: {report.skipped}")
+            else:
+                context.log.info(f"{queue}/{table}: cycle {report.seq}: {report.counts}")
+            return report
+
+        report = one_cycle()
+        if stays:
+            job = context.job_name
+            for later in stay(one_cycle, QueueTables.of(declaration, queue), table, seconds=stays,
+                              give_way=lambda: other_work_waiting(context.instance, queue, job)):
+                # Each cycle of a staying run is a materialization of its own, as a run's one would be.
+                context.log_event(AssetMaterialization(asset_key(queue, table), metadata=cycle_metadata(report)))
+                report = later
         for unfinished in report.cleanup_failures:
             context.log.warning(f"{queue}: the clean-up hook of ended conversation {unfinished.conversation_id!r} "
                                 f"has not succeeded ({unfinished.failures} failed tries; retried every cycle): "

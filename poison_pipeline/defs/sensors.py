@@ -6,6 +6,7 @@ Spark or data files, so an evaluation stays fast with millions of waiting messag
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,7 @@ from dagster import (
 )
 
 from poison_pipeline.defs.naming import QUEUE_TAG, job_name, sensor_name
+from poison_pipeline.defs.waiting_runs import run_waiting
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, POISON
 from poison_pipeline.storage.control import queue_state
@@ -131,17 +133,39 @@ def run_ended_badly(instance: DagsterInstance, run_key: str | None) -> bool:
     return bool(runs) and runs[0].status in _ENDED_BADLY
 
 
+# Dagster's daemon evaluates sensors on a loop of 5 s, each no sooner than its minimum interval
+# after the previous one: an interval a second short of the wanted one lands on the loop's tick
+# instead of the tick after it.
+_LOOP_SLACK_SECONDS = 1
+
+
+def look_every_seconds(declaration: Declaration, queue: str, table: str) -> int:
+    """How often the sensor of `queue`/`table` evaluates: the queue's `latency.look_every`, else
+    30 s for arrivals and the transmission queue, 60 s for retry subqueues."""
+    chosen = declaration.queue(queue).latency.look_every
+    if chosen is not None:
+        return math.ceil(chosen.total_seconds())
+    return 30 if table in (INBOUND, POISON, TRANSMISSION) else 60
+
+
+def _minimum_interval(declaration: Declaration, queue: str, table: str) -> int:
+    return look_every_seconds(declaration, queue, table) - _LOOP_SLACK_SECONDS
+
+
 def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDefinition:
     kind = "arrival" if table in (INBOUND, POISON) else "retry-cycle"
+    job = job_name(queue, table)
 
     @sensor(
         name=sensor_name(queue, table),
-        job_name=job_name(queue, table),
-        minimum_interval_seconds=30 if table == INBOUND else 60,
+        job_name=job,
+        minimum_interval_seconds=_minimum_interval(declaration, queue, table),
         default_status=DefaultSensorStatus.RUNNING,
         description=f"The {kind} sensor of {queue}/{table}: requests a cycle when messages are due.",
     )
     def evaluate(context: SensorEvaluationContext) -> SensorResult:
+        if run_waiting(context.instance, job):
+            return SensorResult(skip_reason=SkipReason(f"a run of {job} waits to start: it takes what is due"))
         tables = QueueTables.of(declaration, queue)
         cursor = parse_cursor(context.cursor)
         failed = run_ended_badly(context.instance, cursor.get("last_run_key"))
@@ -183,7 +207,7 @@ def transmission_sensor(declaration: Declaration, queue: str) -> SensorDefinitio
     @sensor(
         name=sensor_name(queue, TRANSMISSION),
         job_name=job_name(queue, TRANSMISSION),
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=_minimum_interval(declaration, queue, TRANSMISSION),
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Offers {queue}'s sent messages to their targets again when something changed.",
     )

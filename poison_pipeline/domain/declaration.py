@@ -146,6 +146,40 @@ class CheckThresholds(BaseModel):
         return value
 
 
+# The fastest a queue is looked at: the orchestrator's sensor loop (Dagster's daemon) runs every 5 s.
+FASTEST_LOOK = timedelta(seconds=5)
+# How long a run may stay taking arrivals: past this, other work of the queue waits too long for it.
+LONGEST_STAY = timedelta(hours=1)
+
+
+class Latency(BaseModel):
+    """How soon a queue's runs take what arrives.
+
+    `look_every`: how often the queue's sensors look for due messages (by default 30 s for the
+    inbound, the poison table and the transmission queue, 60 s for retry subqueues; 5 s at the
+    fastest). `stay`: how long a run of the inbound goes on taking new arrivals, a cycle as soon as
+    one is due, before it ends and the next run takes over (0, the default: one cycle per run)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    look_every: Duration | None = None
+    stay: Duration = timedelta(0)
+
+    @field_validator("look_every")
+    @classmethod
+    def _not_faster_than_the_loop(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value < FASTEST_LOOK:
+            raise ValueError(f"sensors look every 5s at the fastest (Dagster's daemon loop), not every {value}")
+        return value
+
+    @field_validator("stay")
+    @classmethod
+    def _bounded_stay(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) <= value <= LONGEST_STAY:
+            raise ValueError(f"stay must be from 0 (one cycle per run) to 1h, not {value}")
+        return value
+
+
 class QueueDeclaration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -166,6 +200,8 @@ class QueueDeclaration(BaseModel):
     retention: dict[str, Duration] = Field(default_factory=dict)
     # Thresholds of the asset checks run after every cycle, e.g. {poison_growth: 100, oldest_waiting: 1h}.
     checks: CheckThresholds = Field(default_factory=CheckThresholds)
+    # How often its sensors look and how long a run stays taking arrivals, e.g. {look_every: 5s, stay: 1m}.
+    latency: Latency = Field(default_factory=Latency)
 
     @field_validator("retention")
     @classmethod
