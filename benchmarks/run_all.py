@@ -54,6 +54,7 @@ BENCHMARKS = (
     # Seeded by real enqueues (about 4 s each against the local S3 server): 150 commits, not 10,000.
     Benchmark("object_store_cost", full=("--commits", "150")),
     Benchmark("object_store_cycle"),
+    Benchmark("latency"),
 )
 
 
