@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test fuzz model ui bench bench-quick soak lint java browser clean
+.PHONY: demo test fuzz model ui bench bench-quick soak lint java browser azurite clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=/path/to/python3.11)")'
@@ -20,12 +20,17 @@ java:
 browser:
 	@bash tools/install_browser.sh
 
+# Azurite, the Azure Storage emulator, and the Node.js it runs on, for the tests of a lake on az://
+# (npm packages, into tools/azurite/node_modules; again only when its package-lock.json changes).
+azurite:
+	@bash tools/install_azurite.sh
+
 demo: java $(STAMP)
 	$(BIN)/python -m poison_pipeline.demo
 
 # The default suite first (it stops there on a failure), the bounded model-based test (a process of
 # its own: it patches delta-rs to count commits), then the slower end-to-end tests.
-test: java browser $(STAMP)
+test: java browser azurite $(STAMP)
 	$(BIN)/ruff check poison_pipeline poison_pipeline_tests benchmarks
 	$(BIN)/pytest -q -m "not e2e and not model"
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -q -p no:cacheprovider -m model poison_pipeline_tests/test_model.py
@@ -55,7 +60,7 @@ soak: java $(STAMP)
 	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
-	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect *.egg-info
+	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect *.egg-info tools/azurite/node_modules
 
 # The model-based test of "nothing lost" (poison_pipeline_tests/test_model.py) with its long profile:
 # 2,000 random sequences of 30 steps (about twelve hours on 2 cores); the counts are printed at the

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration
 from poison_pipeline.engine.session import build_session
-from poison_pipeline_tests import s3_support
+from poison_pipeline_tests import azure_support, s3_support
 from poison_pipeline_tests.fuzz_support import COUNTS, active_profile, register_profiles
 
 SPARK = SparkSettings(master="local[2]", config={"spark.sql.shuffle.partitions": "2"})
@@ -41,6 +41,16 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
         yield from s3_support.serve()
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The run's Azure Storage emulator (Azurite's blob service on 127.0.0.1, started at its first
+    use, its data in the run's own folder); the storage options that reach it. The caches a lake on
+    a store keeps on this machine go to the run's own folder, not the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield from azure_support.serve(tmp_path_factory.mktemp("azurite"))
 
 
 @pytest.fixture

@@ -13,36 +13,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import pytest
-import yaml
 
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.checks import check_one_place
-from poison_pipeline.operations.conservation import conservation
-from poison_pipeline.operations.purge import purge
-from poison_pipeline.operations.redrive import redrive
-from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage import column_cache
 from poison_pipeline.storage.enqueue import enqueue
-from poison_pipeline.storage.intake import accepted_total
 from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline.storage.uri import fs_of
 from poison_pipeline_tests import model_support as ms
+from poison_pipeline_tests import store_scenarios
 from poison_pipeline_tests.s3_support import BUCKET, fresh_root
-from poison_pipeline_tests.support import places
-from poison_pipeline_tests.test_fuzz_envelopes import run_cli
 
 pytestmark = pytest.mark.e2e
 SECRET = "wrong-but-secret-7f3a"
-LINE = '{"message_id": "a", "message_type": "t", "body": {}}\n'
-
-
-def _config(folder: Path, root: str, options: dict[str, str]) -> str:
-    path = folder / "declaration.yaml"
-    path.write_text(yaml.safe_dump({"lake_root": root, "storage_options": options,
-                                    "queues": {"q": {"handler": "poison_pipeline_tests.handlers:accept"}}}))
-    return str(path)
 
 
 @pytest.mark.parametrize("case, said", [
@@ -54,56 +36,21 @@ def _config(folder: Path, root: str, options: dict[str, str]) -> str:
 def test_an_unreachable_store_fails_naming_it_and_writes_nothing(s3_server: dict[str, str], tmp_path: Path,
                                                                 case: str, said: str, command: str) -> None:
     options = {**s3_server, "AWS_SECRET_ACCESS_KEY": SECRET}
-    root = fresh_root("unreachable")
+    root = lake = fresh_root("unreachable")
     if case == "no such bucket":
-        root = root.replace(f"s3://{BUCKET}/", f"s3://missing-{tmp_path.name.lower()[-20:]}/")
+        lake = root.replace(f"s3://{BUCKET}/", f"s3://missing-{tmp_path.name.lower()[-20:]}/")
     else:
         options["AWS_ENDPOINT_URL"] = "http://127.0.0.1:1"
-    (tmp_path / "one.jsonl").write_text(LINE)
-    argv = ["enqueue", "--queue", "q", str(tmp_path / "one.jsonl")] if command == "enqueue" else ["status"]
-    code, out, err = run_cli([*argv, "--config", _config(tmp_path, root, options)])
-    assert code == 1, (out, err)
-    assert said in err
-    assert SECRET not in out + err
+    store_scenarios.fails_naming_the_store(tmp_path, command, lake, options, said, secrets=[SECRET])
     # Nothing was written where the lake would be, on the reachable store.
-    fs, path = fs_of(fresh_root("probe").rsplit("/", 1)[0], s3_server)
-    written = fs.get_file_info(pafs.FileSelector(f"{path}/{root.rsplit('/', 1)[1]}", recursive=True,
-                                                 allow_not_found=True))
-    assert written == []
+    assert store_scenarios.written_under(root, s3_server) == []
 
 
 def test_poison_a_redrive_its_undo_and_a_purge_on_an_s3_lake_keep_every_message_once(
         make_declaration, s3_server: dict[str, str]) -> None:
     """The operator's sequence on a lake on the S3 server (small cycles, no Spark): each message is
     in one place after every step and the books balance."""
-    declaration = make_declaration(
-        {"q": {"handler": "poison_pipeline_tests.handlers:scripted",
-               "policy": {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "move"}}},
-        lake_root=fresh_root("operator"), storage_options=s3_server, lease={"expiry": "4s"},
-        small_cycles={"max_messages": 1000})
-    tables = QueueTables.of(declaration, "q")
-
-    def balanced() -> None:
-        assert all(len(where) == 1 for where in places(declaration).values()), places(declaration)
-        assert conservation(tables).line(accepted_total(tables)).endswith("OK")
-
-    def cycle() -> None:
-        run_cycle(_no_spark, declaration, "q", "inbound")
-
-    enqueue(declaration, "q", [{"message_id": m, "message_type": "t", "body": {"fail": m != "ok"}}
-                               for m in ("ok", "p1", "p2")])
-    cycle()
-    assert places(declaration) == {"ok": ["processed:processed"], "p1": ["poison"], "p2": ["poison"]}
-    balanced()
-    redriven = redrive(declaration, "q", "poison", redrive_id="r1")
-    assert redriven.moved == 2 and places(declaration)["p1"] == ["inbound"]
-    balanced()
-    assert undo(declaration, "r1").restored == 2
-    assert places(declaration)["p1"] == ["poison"]
-    balanced()
-    assert purge(declaration, "q", "poison", older_than="0s", purge_id="x1").purged == 2
-    assert set(places(declaration)) == {"ok"}
-    balanced()
+    store_scenarios.operator_sequence(make_declaration, fresh_root("operator"), s3_server)
 
 
 def test_the_one_place_check_on_an_s3_lake_reads_only_the_files_it_has_not_read_before(
@@ -130,10 +77,6 @@ def test_the_one_place_check_on_an_s3_lake_reads_only_the_files_it_has_not_read_
     enqueue(declaration, "q", [{"message_id": "m3", "message_type": "t", "body": {}}])
     found = check_one_place(tables)
     assert read == [("inbound", 1)] and found.metadata["ids_checked"] == 4
-
-
-def _no_spark() -> None:
-    raise AssertionError("small cycles only: no Spark session may be started")
 
 
 def test_killed_at_random_commit_points_on_an_s3_lake_nothing_is_lost_and_nothing_doubled(

@@ -68,19 +68,32 @@ def _describe(error: BaseException, code: int | None) -> str:
 # options are never repeated (they may be credentials).
 _UNREACHABLE = (
     (re.compile(r"NoSuchBucket|BucketNotFound|ContainerNotFound|The specified (bucket|container) does not exist"),
-     "the bucket or container of lake_root does not exist on the store{bucket}: create it, or correct lake_root"),
+     "the bucket or container of lake_root does not exist on the store{holder}: create it, or correct lake_root"),
     (re.compile(r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|AuthenticationFailed|"
                 r"AuthorizationFailure|Forbidden|403 Forbidden|401 Unauthorized|ExpiredToken"),
      "the store refused the credentials{endpoint}: check the credentials in storage_options "
-     "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_SERVICE_ACCOUNT, ...) "
-     "or the environment"),
+     "({credentials}) or the environment"),
     (re.compile(r"tcp connect error|dns error|Connection refused|error sending request|timed out"),
-     "the store cannot be reached{endpoint}: check storage_options.AWS_ENDPOINT_URL (or the store's "
-     "endpoint option), the network, and AWS_ALLOW_HTTP for an http:// endpoint"),
+     "the store cannot be reached{endpoint}: check storage_options.{endpoint_option}, the network, and "
+     "{allow_http} for an http:// endpoint"),
 )
 _BUCKET = re.compile(r"<BucketName>([^<]+)</BucketName>")
-# The request that failed: its endpoint, and the bucket (path-style URLs name it first).
-_ENDPOINT = re.compile(r"(?:GET|PUT|HEAD|POST|DELETE) (https?://[^/\s?]+)(?:/([^/\s?]+))?")
+# The request that failed: its endpoint, and the first two segments of its path (path-style URLs
+# name the bucket first; Azure's name the container first, or the account then the container on an
+# endpoint of its own such as the emulator's).
+_ENDPOINT = re.compile(r"(?:GET|PUT|HEAD|POST|DELETE) (https?://[^/\s?]+)(?:/([^/\s?]+))?(?:/([^/\s?]+))?")
+# Azure Blob storage: object_store's name for it, its error codes, its hosts.
+_AZURE = re.compile(r"MicrosoftAzure|ContainerNotFound|AuthenticationFailed|AuthorizationFailure|\.core\.windows\.net")
+# The options to name, by store: S3's for any store not known to be Azure's.
+_OPTIONS = {
+    "s3": {"credentials": "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, "
+                          "GOOGLE_SERVICE_ACCOUNT, ...",
+           "endpoint_option": "AWS_ENDPOINT_URL (or the store's endpoint option)", "allow_http": "AWS_ALLOW_HTTP"},
+    "azure": {"credentials": "AZURE_STORAGE_ACCOUNT_NAME / AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY, "
+                             "AZURE_CLIENT_ID / AZURE_CLIENT_SECRET / AZURE_TENANT_ID, ...",
+              "endpoint_option": "AZURE_STORAGE_ENDPOINT (or AZURE_STORAGE_ACCOUNT_NAME)",
+              "allow_http": "AZURE_ALLOW_HTTP"},
+}
 
 
 def store_problem(error: BaseException) -> str | None:
@@ -89,14 +102,33 @@ def store_problem(error: BaseException) -> str | None:
     said = _COLOURS.sub("", str(error))
     for pattern, advice in _UNREACHABLE:
         if pattern.search(said):
-            request = _ENDPOINT.search(said)
-            listed = _BUCKET.search(said)
-            bucket = listed.group(1) if listed else (request.group(2) if request else None)
-            where = ", ".join(part for part in (f"endpoint {request.group(1)}" if request else "",
-                                                f"bucket {bucket!r}" if bucket else "") if part)
-            return advice.format(bucket=f" (bucket {bucket!r})" if bucket else "",
-                                 endpoint=f" ({where})" if where else "")
+            if _AZURE.search(said):
+                endpoint, holder, kind = *_azure_request(said), "container"
+                options = _OPTIONS["azure"]
+            else:
+                request = _ENDPOINT.search(said)
+                listed = _BUCKET.search(said)
+                endpoint = request.group(1) if request else None
+                holder = listed.group(1) if listed else (request.group(2) if request else None)
+                kind, options = "bucket", _OPTIONS["s3"]
+            where = ", ".join(part for part in (f"endpoint {endpoint}" if endpoint else "",
+                                                f"{kind} {holder!r}" if holder else "") if part)
+            return advice.format(holder=f" ({kind} {holder!r})" if holder else "",
+                                 endpoint=f" ({where})" if where else "", **options)
     return None
+
+
+def _azure_request(said: str) -> tuple[str | None, str | None]:
+    """The endpoint and container of the Azure request in `said`: the container is the first
+    segment of the path on Azure's own hosts, the second on an endpoint of its own (the first is
+    the account there: http://127.0.0.1:10000/devstoreaccount1/container/...)."""
+    request = _ENDPOINT.search(said)
+    if request is None:
+        return None, None
+    host, first, second = request.groups()
+    if host.endswith(".core.windows.net") or first is None:
+        return host, first
+    return f"{host}/{first}", second
 
 
 def is_fault(error: BaseException) -> bool:
