@@ -5,8 +5,8 @@
 
 As `make ui` runs it: `dagster dev` (webserver and daemon, the repo's dagster.yaml: warm run
 launcher, run queue dequeued every second) with a Spark Connect server beside it, on a temporary
-DAGSTER_HOME and lake. One queue (the example inventory handler, recording each delivery with its
-own timestamp: examples/delivery_log.py) declared with `latency: {look_every, stay}` and small
+DAGSTER_HOME and lake. One queue (the example inventory handler, recording when it handled each
+message: latency_handler.py) declared with `latency: {look_every, stay}` and small
 cycles of up to 20,000 messages (`small_cycles.max_messages`); nothing but
 the daemon's sensors launches its runs. A feeder enqueues through the Python API at a steady
 `--slow-rate` msg/s (one enqueue call per message), then at `--fast-rate` msg/s (a call every
@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import latency_handler  # noqa: E402
 import soak_dagster as dg  # noqa: E402
 
 QUEUE = "inventory"
@@ -56,7 +57,7 @@ def declaration_file(folder: Path, look_every: str, stay: str) -> Path:
         # fixed cost would make a cycle that fell behind fall further behind.
         "small_cycles": {"max_messages": 20000},
         "queues": {QUEUE: {
-            "handler": "poison_pipeline.examples.delivery_log:withdraw_inventory",
+            "handler": latency_handler.HANDLER,
             "policy": {"receive_retry_count": 1, "max_retry_cycles": 0, "receive_error_handling": "move",
                        "unrecoverable": {"exceptions": ["poison_pipeline.examples.handlers:PartObsolete"],
                                          "route": "quarantine"}},
@@ -169,7 +170,6 @@ def measure(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     from poison_pipeline.defs.resources import REMOTE_ENV
     from poison_pipeline.domain.declaration import load_declaration
     from poison_pipeline.engine.local_servers import start_connect_server
-    from poison_pipeline.examples.delivery_log import log_path
     from poison_pipeline.storage.tables import QueueTables
 
     config = declaration_file(folder, args.look_every, args.stay)
@@ -177,16 +177,19 @@ def measure(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     app_db = folder / "app_db"
     app_db.mkdir()
     os.environ["POISON_PIPELINE_APP_DB"] = str(app_db)
+    log = folder / "handled.log"
+    os.environ[latency_handler.LOG_ENV] = str(log)
     home = dg.dagster_home(folder)
-    server = start_connect_server(declaration.spark, folder / "spark_connect", pythonpath=[str(REPO)])
+    server = start_connect_server(declaration.spark, folder / "spark_connect", pythonpath=[str(REPO), str(HERE)])
     dev = None
     try:
+        path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
         dev = dg.DagsterDev(home, config, app_db, folder / "dagster_dev.log",
-                            env={REMOTE_ENV: server.session_url()})
+                            env={REMOTE_ENV: server.session_url(), "PYTHONPATH": path})
         dev.wait_ready(240)
         # The first run starts the warm run launcher's process and a Spark Connect session: a
         # message a user sends a minute after `make ui` does not wait for those, so neither does this.
-        deliveries = Deliveries(log_path())
+        deliveries = Deliveries(log)
         warm = Feeder(declaration, "warm", 1.0, 1.0, 0)
         warm.run()
         _wait_for(lambda: deliveries.count("warm") >= len(warm.sent) - len(warm.poison), 180)
@@ -233,11 +236,11 @@ class Deliveries:
                 data = log.read()
             complete = data[:data.rfind(b"\n") + 1]
             self.offset += len(complete)
-            for line in complete.splitlines():
-                delivery = json.loads(line)
-                if delivery["id"] not in self.first:
-                    self.first[delivery["id"]] = delivery["at"]
-                    name = delivery["id"].rsplit("-", 1)[0]
+            for line in complete.decode().splitlines():
+                message_id, at = line.split(" ")
+                if message_id not in self.first:
+                    self.first[message_id] = float(at)
+                    name = message_id.rsplit("-", 1)[0]
                     self.per_phase[name] = self.per_phase.get(name, 0) + 1
         return self.per_phase.get(phase, 0)
 
