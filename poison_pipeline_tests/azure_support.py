@@ -10,14 +10,11 @@ import email.utils
 import hashlib
 import hmac
 import itertools
-import socket
-import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from poison_pipeline_tests.s3_support import free_port
+from poison_pipeline_tests.s3_support import free_port, listening
 
 ACCOUNT = "devstoreaccount1"
 # Azurite's development account key: published, the same in every copy of the emulator.
@@ -48,27 +45,10 @@ def serve(folder: Path) -> Iterator[dict[str, str]]:
     port = free_port()
     command = [str(node), str(main), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(folder),
                "--loose", "--skipApiVersionCheck", "--disableTelemetry", "--silent"]
-    server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("Azurite did not start") from None
-                time.sleep(0.1)
+    with listening(command, port, "Azurite"):
         endpoint = f"http://127.0.0.1:{port}"
         create_container(endpoint, CONTAINER)
         yield options_for(endpoint)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def create_container(endpoint: str, name: str) -> None:
