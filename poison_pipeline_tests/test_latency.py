@@ -12,7 +12,7 @@ from dagster import DagsterInstance, build_sensor_context
 
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import QUEUE_TAG, job_name
-from poison_pipeline.defs.sensors import waiting_sensor
+from poison_pipeline.defs.sensors import transmission_sensor, waiting_sensor
 from poison_pipeline.domain.declaration import DeclarationError
 from poison_pipeline.domain.envelope import parse_envelope
 from poison_pipeline.engine.cycle import CycleReport, run_cycle
@@ -108,13 +108,15 @@ def test_a_staying_inbound_run_materializes_once_per_cycle(spark, make_declarati
 
 
 @pytest.mark.parametrize("latency, table, interval", [
-    ({}, "inbound", 29), ({}, "retry_1", 59), ({}, "poison", 29),
+    ({}, "inbound", 29), ({}, "retry_1", 59), ({}, "poison", 59), ({}, "transmission", 29),
     ({"look_every": "5s"}, "inbound", 4), ({"look_every": "5s"}, "retry_1", 4), ({"look_every": "2m"}, "poison", 119),
 ])
 def test_sensors_look_as_often_as_the_queue_asks(make_declaration, latency, table, interval):
     """An interval a second short of the wanted one: the daemon's 5 s loop then evaluates on time."""
     declaration = make_declaration({"q": {**queue()["q"], "latency": latency}})
-    assert waiting_sensor(declaration, "q", table).minimum_interval_seconds == interval
+    sensor = (transmission_sensor(declaration, "q") if table == "transmission"
+              else waiting_sensor(declaration, "q", table))
+    assert sensor.minimum_interval_seconds == interval
 
 
 @pytest.mark.parametrize("latency, said", [

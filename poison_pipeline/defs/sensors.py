@@ -141,11 +141,11 @@ _LOOP_SLACK_SECONDS = 1
 
 def look_every_seconds(declaration: Declaration, queue: str, table: str) -> int:
     """How often the sensor of `queue`/`table` evaluates: the queue's `latency.look_every`, else
-    30 s for arrivals and the transmission queue, 60 s for retry subqueues."""
+    30 s for the inbound and the transmission queue, 60 s for retry subqueues and the poison table."""
     chosen = declaration.queue(queue).latency.look_every
     if chosen is not None:
         return math.ceil(chosen.total_seconds())
-    return 30 if table in (INBOUND, POISON, TRANSMISSION) else 60
+    return 30 if table in (INBOUND, TRANSMISSION) else 60
 
 
 def _minimum_interval(declaration: Declaration, queue: str, table: str) -> int:

@@ -156,7 +156,7 @@ class Latency(BaseModel):
     """How soon a queue's runs take what arrives.
 
     `look_every`: how often the queue's sensors look for due messages (by default 30 s for the
-    inbound, the poison table and the transmission queue, 60 s for retry subqueues; 5 s at the
+    inbound and the transmission queue, 60 s for retry subqueues and the poison table; 5 s at the
     fastest). `stay`: how long a run of the inbound goes on taking new arrivals, a cycle as soon as
     one is due, before it ends and the next run takes over (0, the default: one cycle per run)."""
 
