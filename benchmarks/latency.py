@@ -75,8 +75,8 @@ def body(n: int) -> dict[str, Any]:
 class Feeder:
     """Enqueues `rate` msg/s for `seconds` through the Python API; when each was handed over."""
 
-    def __init__(self, declaration: Any, phase: str, rate: float, seconds: float, first: int) -> None:
-        self.declaration, self.phase, self.rate, self.seconds, self.first = declaration, phase, rate, seconds, first
+    def __init__(self, declaration: Any, phase: str, rate: float, seconds: float) -> None:
+        self.declaration, self.phase, self.rate, self.seconds = declaration, phase, rate, seconds
         self.sent: dict[str, float] = {}
         self.poison: set[str] = set()
 
@@ -87,9 +87,9 @@ class Feeder:
         # every 0.1 s with what arrived since the last (no store takes 1,000 commits a second).
         tick = 1.0 / self.rate if self.rate <= 20 else 0.1
         start = time.time()
-        n = self.first
+        n = 0
         while (now := time.time()) < start + self.seconds:
-            due = self.first + int((now - start) * self.rate) + 1
+            due = int((now - start) * self.rate) + 1
             records = [{"message_id": f"{self.phase}-{i}", "message_type": "inventory.withdraw", "body": body(i)}
                        for i in range(n, due)]
             if records:
@@ -101,7 +101,7 @@ class Feeder:
                     if i % POISON_EVERY == POISON_EVERY - 1:
                         self.poison.add(record["message_id"])
                 n = due
-            time.sleep(max(0.0, start + (n - self.first) / self.rate - time.time(), tick / 10))
+            time.sleep(max(0.0, start + n / self.rate - time.time(), tick / 10))
         self.elapsed = time.time() - start
 
 
@@ -190,16 +190,15 @@ def measure(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         # The first run starts the warm run launcher's process and a Spark Connect session: a
         # message a user sends a minute after `make ui` does not wait for those, so neither does this.
         deliveries = Deliveries(log)
-        warm = Feeder(declaration, "warm", 1.0, 1.0, 0)
+        warm = Feeder(declaration, "warm", 1.0, 1.0)
         warm.run()
         _wait_for(lambda: deliveries.count("warm") >= len(warm.sent) - len(warm.poison), 180)
-        os.environ["DAGSTER_HOME"] = str(home)
         results: dict[str, Any] = {}
         with DagsterInstance.from_config(str(home)) as instance:
             for phase, rate, seconds in (("slow", args.slow_rate, args.slow_seconds),
                                          ("fast", args.fast_rate, args.fast_seconds)):
                 since = time.time()
-                feeder = Feeder(declaration, phase, rate, seconds, 0)
+                feeder = Feeder(declaration, phase, rate, seconds)
                 backlog: list[tuple[float, int]] = []
                 stop = threading.Event()
                 sampler = threading.Thread(target=backlog_sampler, args=(declaration, backlog, stop))
