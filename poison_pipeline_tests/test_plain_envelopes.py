@@ -14,7 +14,7 @@ import pytest
 
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.operations.enqueue import enqueue_data
-from poison_pipeline.storage.enqueue import Parsed, _ascii_lines, enqueue, envelope_table, land
+from poison_pipeline.storage.enqueue import Parsed, _ascii_lines, _object_line, _raw, enqueue, envelope_table, land
 from poison_pipeline.storage.jsonl import screen
 from poison_pipeline.storage.plain_envelopes import joined, plain_lines
 from poison_pipeline_tests.support import queue, rows
@@ -212,6 +212,45 @@ def test_a_list_of_texts_is_read_together_and_refused_as_record_by_record(make_d
             [(r.line, r.message_id, r.error, r.record) for r in baseline.refused]
         assert result.accepted == baseline.accepted > 300
         assert _landed(declaration, name) == _landed(declaration, alone)
+
+
+def test_a_list_of_dicts_is_written_as_lines_and_landed_as_record_by_record(make_declaration) -> None:
+    """Dicts are written as JSON lines in one pass and read by the vectorised path; what it leaves
+    (and a dict JSON cannot write at all) is checked as its dict. Either way each record is landed
+    or refused as the per-record path alone would."""
+    rng = random.Random(19)
+    records = [_envelope(rng, n) for n in range(1500)]
+    cycle: dict[str, Any] = {"a": 1}
+    cycle["self"] = cycle
+    odd: list[dict[Any, Any]] = [
+        {"message_id": "when", "message_type": "t", "body": {"at": datetime(2026, 1, 1, tzinfo=UTC)}},
+        {"message_id": "nan", "message_type": "t", "body": {"x": float("nan")}},
+        {"message_id": "cycle", "message_type": "t", "body": cycle},
+        {"message_id": "keys", "message_type": "t", "body": {1: "one", 2.5: "half", None: "no"}},
+        {"message_id": "tuple", "message_type": "t", "body": {"pair": (1, 2)}},
+        {"message_id": "lines", "message_type": "t", "body": {"lines": [{"sku": "a"}, {"sku": "b"}], "n": "},{"}},
+        {1: "x", "message_id": "int key", "message_type": "t"},
+        {"message_id": "late", "message_type": "t", "enqueued_at": datetime(2026, 1, 1, tzinfo=UTC)},
+    ]
+    records = [*records[:700], *odd, *records[700:]]
+    lines = [_object_line(record) for record in records]
+    assert all(line.isascii() and "\n" not in line for line in lines)
+    mask, _ = plain_lines(*joined(pa.array(lines, pa.large_string())), NOW, TTL, 300)
+    assert mask.sum() > 150, "the generated dicts should exercise the vectorised path"
+    spec = queue(time_to_live="1h", max_body_bytes=300)["q"]
+    declaration = make_declaration({name: spec for name in ("dicts", "alone")})
+
+    result = enqueue(declaration, "dicts", records, now=NOW)
+    baseline = land(declaration, "alone", Parsed.none(), list(enumerate(records, start=1)),
+                    lambda n: _raw(records[n - 1]), NOW)
+    assert [(r.line, r.message_id, r.error, r.record) for r in result.refused] == \
+        [(r.line, r.message_id, r.error, r.record) for r in baseline.refused]
+    assert result.accepted == baseline.accepted > 300
+    assert _landed(declaration, "dicts") == _landed(declaration, "alone")
+    landed = {row["message_id"]: row for row in _landed(declaration, "dicts")}
+    assert landed["keys"]["body"] == b'{"1":"one","2.5":"half","null":"no"}'
+    assert landed["lines"]["body"] == b'{"lines":[{"sku":"a"},{"sku":"b"}],"n":"},{"}'
+    assert {"when", "nan", "cycle", "int key"}.isdisjoint(landed)
 
 
 def test_the_file_splitter_finds_the_lines_split_lines_finds(monkeypatch):

@@ -98,22 +98,51 @@ def parse_lines(data: pa.Buffer | bytes, starts: np.ndarray, ends: np.ndarray, l
                 now: datetime) -> tuple[Parsed, np.ndarray]:
     """The vectorised path over the lines `data[starts[i]:ends[i]]`, each followed by a newline in
     `data` and numbered `lines[i]`: what it read, and which lines it left."""
-    data = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     if len(starts) == 0:
+        return _gathered([], lines)
+    data = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    spans = _spans(len(starts))
+    # numpy and Arrow's kernels release the GIL: big inputs are read in slices on every core.
+    with ThreadPoolExecutor(min(os.cpu_count() or 1, len(spans))) as pool:
+        parts = list(pool.map(lambda span: _plain(*_contiguous(data, starts[span[0]:span[1]], ends[span[0]:span[1]]),
+                                                  policy, now), spans))
+    return _gathered(parts, lines)
+
+
+def parse_objects(records: list[Any], lines: np.ndarray, policy: Policy, now: datetime) -> tuple[Parsed, np.ndarray]:
+    """The vectorised path over dicts, each written as the JSON line `_object_line` gives: what it
+    read, and which dicts it left. Writing holds the GIL and reading mostly does not, so a slice is
+    read while the next one is written."""
+    def written(first: int, last: int) -> tuple[pa.Buffer, np.ndarray]:
+        texts = [_object_line(record) for record in records[first:last]]
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)) + 1, out=offsets[1:])
+        return pa.py_buffer(("\n".join(texts) + "\n").encode("ascii")), offsets
+
+    if not records:
+        return _gathered([], lines)
+    spans = _spans(len(records))
+    with ThreadPoolExecutor(min(os.cpu_count() or 1, len(spans))) as pool:
+        futures = [pool.submit(_plain, *written(first, last), policy, now) for first, last in spans]
+        parts = [future.result() for future in futures]
+    return _gathered(parts, lines)
+
+
+def _spans(count: int) -> list[tuple[int, int]]:
+    # Slices of a bounded size, not one per core: their temporaries are reused from one slice to the
+    # next instead of being fresh pages of hundreds of megabytes each (a 1,000,000-line file read in
+    # two halves took 11-12 CPU seconds, in slices of 50,000 lines 7).
+    bounds = np.linspace(0, count, max(1, count // _SLICE_ROWS) + 1).astype(int).tolist()
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _plain(data: pa.Buffer, offsets: np.ndarray, policy: Policy, now: datetime) -> tuple[np.ndarray, pa.Table]:
+    return plain_lines(data, offsets, now, policy.time_to_live, policy.max_body_bytes)
+
+
+def _gathered(parts: list[tuple[np.ndarray, pa.Table]], lines: np.ndarray) -> tuple[Parsed, np.ndarray]:
+    if not parts:
         return Parsed.none(), np.zeros(0, dtype=bool)
-    # numpy and Arrow's kernels release the GIL: big inputs are read in slices on every core. Slices
-    # of a bounded size, not one per core: their temporaries are reused from one slice to the next
-    # instead of being fresh pages of hundreds of megabytes each (a 1,000,000-line file read in two
-    # halves took 11-12 CPU seconds, in slices of 50,000 lines 7).
-    slices = max(1, len(starts) // _SLICE_ROWS)
-    bounds = np.linspace(0, len(starts), slices + 1).astype(int)
-
-    def read(span: tuple[int, int]) -> tuple[np.ndarray, pa.Table]:
-        buffer, offsets = _contiguous(data, starts[span[0]:span[1]], ends[span[0]:span[1]])
-        return plain_lines(buffer, offsets, now, policy.time_to_live, policy.max_body_bytes)
-
-    with ThreadPoolExecutor(min(os.cpu_count() or 1, slices)) as pool:
-        parts = list(pool.map(read, zip(bounds[:-1], bounds[1:], strict=True)))
     read_mask = np.concatenate([mask for mask, _ in parts])
     envelopes = pa.concat_tables([table for _, table in parts])
     return Parsed(lines[read_mask], envelopes), ~read_mask
@@ -157,6 +186,11 @@ def enqueue(
         return land_data(declaration, queue, bytes(records), now)[0]
     policy = declaration.queue(queue).policy
     records = records if isinstance(records, list) else list(records)
+    if records and all(type(record) is dict for record in records):
+        numbers = np.arange(1, len(records) + 1, dtype=np.int64)
+        parsed, left = parse_objects(records, numbers, policy, now)
+        others = [(number, records[number - 1]) for number in numbers[left].tolist()]
+        return land(declaration, queue, parsed, others, lambda line: _raw(records[line - 1]), now)
     data = _ascii_lines(records)
     if data is not None:
         ends = newlines(np.frombuffer(data, dtype=np.uint8))
@@ -189,6 +223,35 @@ def _ascii_lines(records: list[Any]) -> bytes | None:
     if not joined.isascii() or joined.count("\n") != len(records):
         return None
     return joined.encode("ascii")
+
+
+def _object_line(record: Any) -> str:
+    """A dict as one JSON line, written as `parse_envelope` writes a body (compact, ASCII: no newline
+    inside); `_LEFT` for anything else, or a dict JSON cannot write (a datetime, a cycle)."""
+    if type(record) is not dict:
+        return _LEFT
+    try:
+        return "".join(_C_ENCODE(record, 0)) if _C_ENCODE is not None else _ENCODER.encode(record)
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        return _LEFT
+
+
+# A line the vectorised path never reads (it is not an object): its record is checked on its own.
+_LEFT = "-"
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# NaN is written (its line then left to the per-record path, which refuses it) so that one NaN does
+# not send a whole call per record; no cycle check: a cycle raises RecursionError.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+# The C encoder, built once: `JSONEncoder.encode` builds one per call, which costs as much as
+# writing a small envelope. Given a dict, it returns the text as a list of one string.
+_C_MAKE = getattr(json.encoder, "c_make_encoder", None)  # None without the C accelerator
+_C_ENCODE = None if _C_MAKE is None else _C_MAKE(None, _refuse, json.encoder.encode_basestring_ascii, None, ":",
+                                                 ",", False, False, True)
 
 
 RawOf = Callable[[int], bytes]
