@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 from dagster import DagsterInstance, DefaultSensorStatus, RunRequest, SensorResult, build_sensor_context
 
-from poison_pipeline.defs.alerts import queue_disabled_job, queue_disabled_sensor
+from poison_pipeline.defs.alerts import batches, queue_disabled_job, queue_disabled_sensor
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import alert_job_name, alert_sensor_name, job_name
+from poison_pipeline.domain.alerts import MESSAGES_FAILED, QueueEvent
 from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
 from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.storage import schemas
@@ -99,7 +100,7 @@ def test_one_disabled_event_requests_one_run_keyed_by_its_id(declare):
     [request] = result.run_requests
     assert request.run_key == event["event_id"]
     assert request.tags == {"poison_pipeline/alert_queue": "q", "poison_pipeline/event_id": event["event_id"]}
-    config = request.run_config["ops"]["q__raise_queue_disabled"]["config"]
+    config = request.run_config["ops"]["q__raise_queue_disabled"]["config"]["events"][0]
     assert config["reason"] == "maintenance window" and config["actor"] == "ops"
     assert config["kind"] == QUEUE_DISABLED and config["at"] == event["at"].isoformat()
     cursor = json.loads(result.cursor)
@@ -126,7 +127,7 @@ def test_a_later_event_requests_only_that_one(declare):
     [request] = second.run_requests
     latest = max(disabled_events(declaration), key=lambda r: r["at"])
     assert request.run_key == latest["event_id"] != first.run_requests[0].run_key
-    assert request.run_config["ops"]["q__raise_queue_disabled"]["config"]["reason"] == "second outage"
+    assert request.run_config["ops"]["q__raise_queue_disabled"]["config"]["events"][0]["reason"] == "second outage"
     cursor = json.loads(second.cursor)
     assert cursor["raised"] == 2 and cursor["last_event_id"] == latest["event_id"] and cursor["version"] == 3
 
@@ -169,7 +170,7 @@ def test_a_fault_disposition_is_raised_with_its_message_and_table(spark, declare
     send(declaration, {"bad": {"fail": True}})
     run_cycle(spark, declaration, "q", "inbound")
     [request] = evaluate(declaration, None).run_requests
-    config = request.run_config["ops"]["q__raise_queue_disabled"]["config"]
+    config = request.run_config["ops"]["q__raise_queue_disabled"]["config"]["events"][0]
     assert config["message_id"] == "bad" and config["table"] == "inbound"
     assert "faulted" in config["reason"] and config["actor"] == "poison_pipeline"
 
@@ -189,7 +190,7 @@ def test_the_alert_run_calls_the_hook_then_fails_with_the_reason(declare):
     [event] = alert_hooks.CALLS
     assert (event.queue, event.event_id, event.kind) == ("q", request.run_key, QUEUE_DISABLED)
     assert (event.reason, event.actor) == ("maintenance window", "ops")
-    assert event.as_dict()["at"] == request.run_config["ops"]["q__raise_queue_disabled"]["config"]["at"]
+    assert event.as_dict()["at"] == request.run_config["ops"]["q__raise_queue_disabled"]["config"]["events"][0]["at"]
 
 
 def test_a_hook_that_raises_fails_the_run_naming_its_error(declare):
@@ -247,3 +248,28 @@ def test_a_cycle_on_a_disabled_queue_logs_and_records_why_it_did_nothing(spark, 
     metadata = event.step_materialization_data.materialization.metadata
     assert metadata["skipped"].value == "queue 'q' is disabled: database maintenance"
     assert metadata["messages"].value == 0
+
+
+def _events(count: int) -> list[QueueEvent]:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    return [QueueEvent("q", f"e{i}", MESSAGES_FAILED, at, None, None) for i in range(count)]
+
+
+def test_events_are_batched_by_size_and_keyed_by_their_first():
+    runs = batches(_events(250), lambda key: None, 100)
+    assert [len(run) for run in runs] == [100, 100, 50]
+    assert [run[0].event_id for run in runs] == ["e0", "e100", "e200"]
+
+
+def test_events_runs_already_hold_are_left_out_whatever_their_batches_were():
+    # Earlier runs: e0 held e0-e4, e5 held e5-e8 (requested by evaluations that saw fewer events).
+    held = {"e0": {f"e{i}" for i in range(5)}, "e5": {f"e{i}" for i in range(5, 9)}}
+    asked: list[str] = []
+
+    def raised(key: str) -> set[str] | None:
+        asked.append(key)
+        return set(held[key]) if key in held else None
+
+    runs = batches(_events(12), raised, 100)
+    assert [[e.event_id for e in run] for run in runs] == [["e9", "e10", "e11"]]
+    assert asked == ["e0", "e5", "e9"]

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from dagster import DagsterInstance, Definitions, RunRequest, SensorResult, build_sensor_context
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 from deltalake import DeltaTable
 
 from poison_pipeline.defs.alerts import messages_failed_sensor
@@ -79,8 +80,17 @@ def run_alert(defs: Definitions, instance: DagsterInstance, request: RunRequest)
         run_config={**request.run_config, **QUIET}, tags=request.tags, instance=instance, raise_on_error=False)
 
 
+def launch(defs: Definitions, instance: DagsterInstance, request: RunRequest) -> Any:
+    """The alert run as the sensor daemon launches it: tagged with the sensor and the run key."""
+    tags = {**request.tags, RUN_KEY_TAG: request.run_key, SENSOR_NAME_TAG: alert_sensor_name("q", MESSAGES_FAILED)}
+    return defs.resolve_job_def(alert_job_name("q", MESSAGES_FAILED)).execute_in_process(
+        run_config={**request.run_config, **QUIET}, tags=tags, instance=instance, raise_on_error=False)
+
+
 def config_of(request: RunRequest) -> dict[str, Any]:
-    return request.run_config["ops"][OP]["config"]
+    """The one event `request` raises."""
+    [event] = request.run_config["ops"][OP]["config"]["events"]
+    return event
 
 
 def counts_of(request: RunRequest) -> dict[tuple[str, str], int]:
@@ -171,11 +181,43 @@ def test_each_failing_cycle_is_raised_once_and_only_it(tmp_path, instance):
     assert (config_of(request)["cycle_seq"], config_of(request)["run_id"]) == (3, third_cycle.run_id)
     assert list(counts_of(request).values()) == [1]
     assert not evaluate(declaration, instance, third.cursor).run_requests
-    # A lost cursor (a sensor reset) sees both cycles again, under the run keys Dagster already
-    # launched: it never launches a run key of a sensor twice.
-    keys = [r.run_key for r in evaluate(declaration, instance, None).run_requests]
-    assert keys == [first.run_requests[0].run_key, request.run_key]
     assert config_of(first.run_requests[0])["run_id"] == first_cycle.run_id
+    # A lost cursor (a sensor reset) sees both cycles again: once their runs were launched, nothing.
+    for launched in (first.run_requests[0], request):
+        assert launch(defs, instance, launched).success
+    reset = evaluate(declaration, instance, None)
+    assert not reset.run_requests and "raised already" in reset.skip_reason.skip_message
+
+
+def test_the_cycles_one_evaluation_finds_share_one_run_and_each_is_raised_once(tmp_path, instance):
+    """A queue failing messages every cycle raises a run per sensor evaluation, not per cycle; the
+    hook is still called once per cycle, and a lost cursor raises only what no run holds."""
+    declaration = declare(tmp_path)
+    defs = build_definitions(declaration)
+    cycles = []
+    for mid in ("a1", "a2"):
+        send(declaration, {mid: {"fail": True}})
+        cycles.append(run_cycle_job(defs, instance, "inbound"))
+    [request] = evaluate(declaration, instance, None).run_requests
+    events = request.run_config["ops"][OP]["config"]["events"]
+    assert [e["run_id"] for e in events] == [c.run_id for c in cycles]
+    assert request.run_key == events[0]["event_id"]
+
+    alert = launch(defs, instance, request)
+    assert alert.success
+    assert [(c.cycle_seq, c.run_id) for c in alert_hooks.CALLS] == [(1, cycles[0].run_id), (2, cycles[1].run_id)]
+    [output] = [e for e in alert.all_events if e.event_type_value == "STEP_OUTPUT"]
+    metadata = output.step_output_data.metadata
+    assert (metadata["cycles"].value, metadata["failed_messages"].value) == (2, 2)
+    assert metadata["cycle_run"].value == cycles[1].run_id
+
+    # A third failing cycle, then a lost cursor: the batch's run holds the first two events, so
+    # only the third is requested, in a run of its own key.
+    send(declaration, {"a3": {"fail": True}})
+    third = run_cycle_job(defs, instance, "inbound")
+    [again] = evaluate(declaration, instance, None).run_requests
+    assert [e["run_id"] for e in again.run_config["ops"][OP]["config"]["events"]] == [third.run_id]
+    assert again.run_key != request.run_key
 
 
 def test_the_poison_cycle_raises_what_it_quarantined(tmp_path, instance):

@@ -1,16 +1,19 @@
 """Notifications: Service Broker's BROKER_QUEUE_DISABLED event notification, and one for failures.
 
 Per queue and event kind, a sensor reads that queue's events table with delta-rs and raises each
-event once, as a run of the kind's alert job, which calls the declared alert hook:
-- `queue_disabled`: the run then fails, so it shows as a failure in the UI and whatever run-failure
-  alerting the user set up fires;
+event once, in a run of the kind's alert job, which calls the declared alert hook once per event:
+- `queue_disabled`: one run per event, which then fails, so it shows as a failure in the UI and
+  whatever run-failure alerting the user set up fires;
 - `messages_failed` (one per cycle that poisoned, dead-lettered or quarantined messages, written by
-  the cycle's own commit): the run succeeds, showing the cycle's failures per group and a link to
-  the cycle's run; it fails only when the hook does.
+  the cycle's own commit): the events an evaluation finds share one run (up to `_BATCH`), so a
+  queue failing a message every cycle raises a run per sensor interval, not one per cycle. The run
+  succeeds, showing each cycle's failures per group and a link to the cycle's run; it fails only
+  when the hook does.
 """
 
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,6 +29,7 @@ from dagster import (
     Out,
     Output,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -35,12 +39,13 @@ from dagster import (
     op,
     sensor,
 )
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 from pydantic import Field
 
 from poison_pipeline.defs.failure_metadata import failure_counts_markdown
 from poison_pipeline.defs.naming import ALERT_TAG, EVENT_TAG, alert_job_name, alert_sensor_name
 from poison_pipeline.defs.sensors import parse_cursor
-from poison_pipeline.domain.alerts import MESSAGES_FAILED, FailureCount, QueueEvent
+from poison_pipeline.domain.alerts import MESSAGES_FAILED, FailureCount, QueueEvent, merged_failures
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.imports import import_callable
 from poison_pipeline.storage.control import QUEUE_DISABLED
@@ -58,8 +63,8 @@ class FailureCountConfig(Config):
     example_id: str | None = None
 
 
-class AlertConfig(Config):
-    """The event an alert run raises; the sensor fills it in, so the run's config shows it."""
+class EventConfig(Config):
+    """One event an alert run raises."""
 
     event_id: str
     kind: str = QUEUE_DISABLED
@@ -76,6 +81,16 @@ class AlertConfig(Config):
         failures = tuple(FailureCount(**f.model_dump()) for f in self.failures)
         return QueueEvent(queue, self.event_id, self.kind, datetime.fromisoformat(self.at), self.actor,
                           self.reason, self.message_id, self.table, self.run_id, self.cycle_seq, failures)
+
+
+class AlertConfig(Config):
+    """The events an alert run raises, oldest first; the sensor fills them in, so the run's config
+    shows them."""
+
+    events: list[EventConfig]
+
+    def queue_events(self, queue: str) -> list[QueueEvent]:
+        return [event.event(queue) for event in self.events]
 
 
 @dataclass(frozen=True)
@@ -128,15 +143,53 @@ def _op_name(queue: str, kind: str) -> str:
     return f"{queue}__raise_{kind}"
 
 
-def _request(queue: str, event: QueueEvent) -> RunRequest:
-    config = {k: v for k, v in event.as_dict().items() if k != "queue"}
+# At most this many messages_failed events share a run (its config holds them all).
+_BATCH = 100
+
+# Given a run key, the ids of the events the sensor's run of that key raises, or None when it has
+# no run of that key.
+Raised = Callable[[str], set[str] | None]
+
+
+def batches(events: list[QueueEvent], raised: Raised, size: int) -> list[list[QueueEvent]]:
+    """`events` (oldest first) in runs of up to `size`, none already raised.
+
+    A run's key is its first event's id, which Dagster never launches twice for a sensor. When a
+    stale or lost cursor shows the sensor events again, the run of the first one's key may already
+    exist and hold more events than that one: `raised` says which, and they are left out, so every
+    event is still raised once whatever the batches were when its run was requested."""
+    left, runs = list(events), []
+    while left:
+        covered = raised(left[0].event_id)
+        if covered is None:
+            runs.append(left[:size])
+            left = left[size:]
+        else:
+            covered.add(left[0].event_id)
+            left = [event for event in left if event.event_id not in covered]
+    return runs
+
+
+def _request(queue: str, events: list[QueueEvent]) -> RunRequest:
+    first = events[0]
     return RunRequest(
-        # An event id names one event forever: Dagster never launches a run key of a sensor twice,
-        # even if a rewritten events table or a lost cursor makes the sensor see the event again.
-        run_key=event.event_id,
-        run_config={"ops": {_op_name(queue, event.kind): {"config": config}}},
-        tags={ALERT_TAG: queue, EVENT_TAG: event.event_id},
+        run_key=first.event_id,
+        run_config={"ops": {_op_name(queue, first.kind): {"config": {
+            "events": [{k: v for k, v in event.as_dict().items() if k != "queue"} for event in events]}}}},
+        tags={ALERT_TAG: queue, EVENT_TAG: first.event_id},
     )
+
+
+def _raised_by_runs(context: SensorEvaluationContext, sensor_name: str, op_name: str) -> Raised:
+    def raised(run_key: str) -> set[str] | None:
+        runs = context.instance.get_runs(RunsFilter(tags={RUN_KEY_TAG: run_key, SENSOR_NAME_TAG: sensor_name}),
+                                         limit=1)
+        if not runs:
+            return None
+        events = (runs[0].run_config or {}).get("ops", {}).get(op_name, {}).get("config", {}).get("events", [])
+        return {event["event_id"] for event in events if isinstance(event, dict) and "event_id" in event}
+
+    return raised
 
 
 _SENSOR_DESCRIPTIONS = {
@@ -158,9 +211,12 @@ def alert_sensor(declaration: Declaration, queue: str, kind: str) -> SensorDefin
         cursor = json.dumps(decision.cursor, sort_keys=True)
         if decision.note:
             context.log.warning(decision.note)
-        if not decision.events:
-            return SensorResult(skip_reason=SkipReason(decision.skip), cursor=cursor)
-        return SensorResult(run_requests=[_request(queue, e) for e in decision.events], cursor=cursor)
+        runs = batches(decision.events, _raised_by_runs(context, alert_sensor_name(queue, kind), _op_name(queue, kind)),
+                       _BATCH if kind == MESSAGES_FAILED else 1)
+        if not runs:
+            return SensorResult(skip_reason=SkipReason(decision.skip or "every new event was raised already"),
+                                cursor=cursor)
+        return SensorResult(run_requests=[_request(queue, events) for events in runs], cursor=cursor)
 
     return evaluate
 
@@ -206,34 +262,44 @@ def queue_disabled_job(declaration: Declaration, queue: str) -> JobDefinition:
     @op(name=_op_name(queue, QUEUE_DISABLED),
         description=f"Calls the alert hook with a queue_disabled event of {queue}, then fails the run with its reason.")
     def raise_queue_disabled(context: OpExecutionContext, config: AlertConfig) -> None:
-        event = config.event(queue)
-        message = event.describe()
-        cause, hook_error = _call_hook(context, hook, event)
-        if hook_error:
-            message += f"; the alert hook {hook} failed too: {hook_error}"
+        # The sensor gives one event a run; a run launched by hand may give more.
+        messages, metadata, causes = [], {}, []
+        for event in config.queue_events(queue):
+            cause, hook_error = _call_hook(context, hook, event)
+            message = event.describe()
+            if hook_error:
+                message += f"; the alert hook {hook} failed too: {hook_error}"
+            messages.append(message)
+            metadata = _failure_metadata(event, hook, hook_error)
+            causes.append(cause)
         # Failing is the alert: the run shows red in the UI and run-failure sensors and hooks fire.
-        raise Failure(description=message, metadata=_failure_metadata(event, hook, hook_error),
-                      allow_retries=False) from cause
+        raise Failure(description="\n".join(messages), metadata=metadata,
+                      allow_retries=False) from next((c for c in causes if c is not None), None)
 
     return _alert_job(queue, QUEUE_DISABLED, raise_queue_disabled,
                       f"Raises one queue_disabled event of {queue} as a failed run, after the alert hook.")
 
 
-def _failed_cycle_metadata(event: QueueEvent, hook: str | None) -> dict[str, Any]:
+def _failed_cycles_metadata(events: list[QueueEvent], hook: str | None) -> dict[str, Any]:
+    failures = merged_failures([failure for event in events for failure in event.failures])
+    last = events[-1]
     metadata: dict[str, Any] = {
-        "event": MetadataValue.text(event.describe()),
-        "cycle_table": MetadataValue.text(event.table or ""),
-        "cycle_seq": MetadataValue.int(event.cycle_seq or 0),
-        "failed_messages": MetadataValue.int(sum(f.count for f in event.failures)),
-        "failure_groups": MetadataValue.int(len({f.group for f in event.failures})),
-        "failures": MetadataValue.md(failure_counts_markdown(event.failures)),
+        "event": MetadataValue.text("\n".join(event.describe() for event in events)),
+        "cycles": MetadataValue.int(len(events)),
+        "cycle_table": MetadataValue.text(", ".join(dict.fromkeys(event.table or "" for event in events))),
+        "cycle_seq": MetadataValue.int(last.cycle_seq or 0),
+        "failed_messages": MetadataValue.int(sum(f.count for f in failures)),
+        "failure_groups": MetadataValue.int(len({f.group for f in failures})),
+        "failures": MetadataValue.md(failure_counts_markdown(failures)),
         "alert_hook": MetadataValue.text(hook or "none declared"),
     }
     # A cycle run outside Dagster (the CLI, a script) has no run page to link to.
-    if event.run_id and event.run_id != "manual":
-        metadata["cycle_run"] = MetadataValue.dagster_run(event.run_id)
+    if last.run_id and last.run_id != "manual":
+        metadata["cycle_run"] = MetadataValue.dagster_run(last.run_id)
     else:
-        metadata["cycle_run_id"] = MetadataValue.text(event.run_id or "")
+        metadata["cycle_run_id"] = MetadataValue.text(last.run_id or "")
+    if len(events) > 1:
+        metadata["cycle_runs"] = MetadataValue.text(", ".join(dict.fromkeys(event.run_id or "" for event in events)))
     return metadata
 
 
@@ -241,15 +307,21 @@ def messages_failed_job(declaration: Declaration, queue: str) -> JobDefinition:
     hook = declaration.alert_hook
 
     @op(name=_op_name(queue, MESSAGES_FAILED), out=Out(None),
-        description=f"Calls the alert hook with what one cycle of {queue} failed, per failure group.")
+        description=f"Calls the alert hook with what each cycle of {queue} failed, per failure group.")
     def raise_messages_failed(context: OpExecutionContext, config: AlertConfig) -> Output[None]:
-        event = config.event(queue)
-        context.log.warning(event.describe())
-        cause, hook_error = _call_hook(context, hook, event)
-        if hook_error:
-            raise Failure(description=f"{event.describe()}; the alert hook {hook} failed: {hook_error}",
-                          metadata=_failure_metadata(event, hook, hook_error), allow_retries=False) from cause
-        return Output(None, metadata=_failed_cycle_metadata(event, hook))
+        events = config.queue_events(queue)
+        failed: list[tuple[QueueEvent, Exception, str]] = []
+        for event in events:
+            context.log.warning(event.describe())
+            cause, hook_error = _call_hook(context, hook, event)
+            if cause is not None:
+                failed.append((event, cause, hook_error))
+        if failed:
+            event, cause, hook_error = failed[0]
+            told = "; ".join(f"{e.describe()}; the alert hook {hook} failed: {error}" for e, _, error in failed)
+            raise Failure(description=told, metadata=_failure_metadata(event, hook, hook_error),
+                          allow_retries=False) from cause
+        return Output(None, metadata=_failed_cycles_metadata(events, hook))
 
     return _alert_job(queue, MESSAGES_FAILED, raise_messages_failed,
-                      f"Raises one cycle of {queue} that failed messages, after the alert hook.")
+                      f"Raises the cycles of {queue} that failed messages, after the alert hook.")

@@ -37,6 +37,18 @@ def failures_from_json(text: str | None) -> tuple[FailureCount, ...]:
     return tuple(FailureCount(**item) for item in json.loads(text)) if text else ()
 
 
+def merged_failures(failures: list[FailureCount]) -> tuple[FailureCount, ...]:
+    """The counts of several cycles as one per table and group (the first one's error and example),
+    biggest first."""
+    merged: dict[tuple[str, str], FailureCount] = {}
+    for failure in failures:
+        key = (failure.table, failure.group)
+        known = merged.get(key)
+        merged[key] = failure if known is None else FailureCount(
+            known.table, known.group, known.count + failure.count, known.error, known.example_id)
+    return tuple(sorted(merged.values(), key=lambda failure: -failure.count))
+
+
 def summarise_failures(table: str, seq: int, failures: tuple[FailureCount, ...]) -> str:
     """One line: `inbound cycle 7 poisoned 3 and dead-lettered 1 message(s) in 2 failure group(s)`."""
     per_table: dict[str, int] = {}
