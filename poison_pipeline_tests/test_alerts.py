@@ -273,3 +273,11 @@ def test_events_runs_already_hold_are_left_out_whatever_their_batches_were():
     runs = batches(_events(12), raised, 100)
     assert [[e.event_id for e in run] for run in runs] == [["e9", "e10", "e11"]]
     assert asked == ["e0", "e5", "e9"]
+
+
+def test_the_run_tags_the_sensor_reads_are_the_ones_dagster_writes():
+    from dagster._core.storage import tags
+
+    from poison_pipeline.defs import naming
+
+    assert (naming.RUN_KEY_TAG, naming.SENSOR_NAME_TAG) == (tags.RUN_KEY_TAG, tags.SENSOR_NAME_TAG)

@@ -12,12 +12,18 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from dagster import DagsterInstance, Definitions, RunRequest, SensorResult, build_sensor_context
-from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 from deltalake import DeltaTable
 
 from poison_pipeline.defs.alerts import messages_failed_sensor
 from poison_pipeline.defs.build import build_definitions
-from poison_pipeline.defs.naming import alert_job_name, alert_sensor_name, asset_key, job_name
+from poison_pipeline.defs.naming import (
+    RUN_KEY_TAG,
+    SENSOR_NAME_TAG,
+    alert_job_name,
+    alert_sensor_name,
+    asset_key,
+    job_name,
+)
 from poison_pipeline.domain.alerts import MESSAGES_FAILED
 from poison_pipeline.domain.declaration import Declaration, parse_declaration
 from poison_pipeline.operations.groups import failure_groups, group_id

@@ -39,11 +39,17 @@ from dagster import (
     op,
     sensor,
 )
-from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 from pydantic import Field
 
 from poison_pipeline.defs.failure_metadata import failure_counts_markdown
-from poison_pipeline.defs.naming import ALERT_TAG, EVENT_TAG, alert_job_name, alert_sensor_name
+from poison_pipeline.defs.naming import (
+    ALERT_TAG,
+    EVENT_TAG,
+    RUN_KEY_TAG,
+    SENSOR_NAME_TAG,
+    alert_job_name,
+    alert_sensor_name,
+)
 from poison_pipeline.defs.sensors import parse_cursor
 from poison_pipeline.domain.alerts import MESSAGES_FAILED, FailureCount, QueueEvent, merged_failures
 from poison_pipeline.domain.declaration import Declaration
