@@ -109,7 +109,10 @@ class LakeModel(RuleBasedStateMachine):
                 self.settle()
         finally:
             ms.forget_tables()
-            shutil.rmtree(self.folder, ignore_errors=True)
+            if os.environ.get("MODEL_KEEP"):  # the lake of a failing sequence, to read after it
+                print(f"MODEL_KEEP {self.folder}")
+            else:
+                shutil.rmtree(self.folder, ignore_errors=True)
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -175,9 +178,18 @@ class LakeModel(RuleBasedStateMachine):
         if outcome.startswith("FAILED"):
             return
         self.interrupted[queue].discard(f"cycle {table}")
-        # An action of another queue into this one (a redrive `--to`) is completed by that queue.
-        if not any(a.state == "planned" for a in ms.actions(self.config)
-                   if queue in (a.queue, a.arguments.get("to"))):
+        # An action of another queue into this one (a redrive `--to`, or the undo of one) is
+        # completed by that queue: until then this queue's books may read it in transit.
+        found = ms.actions(self.config)
+        by_id = {a.action_id: a for a in found}
+
+        def touches(action: Any) -> bool:
+            if queue in (action.queue, action.arguments.get("to")):
+                return True
+            undone = by_id.get(action.arguments.get("action_id")) if action.kind == "undo" else None
+            return undone is not None and queue in (undone.queue, undone.arguments.get("to"))
+
+        if not any(a.state == "planned" and touches(a) for a in found):
             self.interrupted[queue] = {w for w in self.interrupted[queue] if w.startswith("cycle ")}
 
     # -------------------------------------------------------------------------------------- rules
