@@ -21,8 +21,10 @@ from dagster import (
 
 from poison_pipeline.defs.sensors import decide, waiting_sensor
 from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.actions import ABANDONED, begin_action, find_action
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import queue_writer
 from poison_pipeline_tests.support import queue, send
 
 
@@ -216,3 +218,29 @@ def _stand_in() -> None:
 def _success_event(run_id: str, job_name: str) -> EventLogEntry:
     return EventLogEntry(error_info=None, level="INFO", user_message="", run_id=run_id, timestamp=time.time(),
                          dagster_event=DagsterEvent(DagsterEventType.RUN_SUCCESS.value, job_name))
+
+
+def test_an_interrupted_action_requests_a_cycle_though_nothing_is_due(spark, make_declaration):
+    """An operator action a kill left half done is completed by the queue's next cycle: the inbound
+    sensor requests that cycle at once, not when the next message arrives, and only once."""
+    declaration = make_declaration(queue())
+    send(declaration, {"a": {}})
+    run_cycle(spark, declaration, "q", "inbound")
+    tables = QueueTables.of(declaration, "q")
+    quiet = evaluate(declaration, "inbound", None)
+    assert not quiet.run_requests and "none due" in quiet.skip_reason.skip_message
+    with queue_writer(tables, "test") as writer:  # killed before its plan: the cycle closes it
+        begin_action(writer, "redrive", "dave", {"from": "poison"}, [(tables, "poison")], action_id="half-done")
+
+    result = evaluate(declaration, "inbound", quiet.cursor)
+    [request] = result.run_requests
+    assert request.run_key.startswith("q/inbound/actions-v")
+    again = evaluate(declaration, "inbound", result.cursor)
+    assert not again.run_requests and "1 interrupted action(s) of q" in again.skip_reason.skip_message
+    assert not evaluate(declaration, "retry_1", None).run_requests  # the inbound's cycle is enough
+
+    report = run_cycle(spark, declaration, "q", "inbound")
+    assert report.interrupted.abandoned == ["half-done"]
+    assert find_action(tables, "half-done").state == ABANDONED
+    after = evaluate(declaration, "inbound", again.cursor)
+    assert not after.run_requests and "none due" in after.skip_reason.skip_message

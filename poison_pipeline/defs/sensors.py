@@ -29,9 +29,10 @@ from poison_pipeline.defs.naming import QUEUE_TAG, job_name, sensor_name
 from poison_pipeline.defs.waiting_runs import run_waiting
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, POISON
+from poison_pipeline.operations.interrupted import interrupted_actions
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.events import events_version
-from poison_pipeline.storage.tables import EVENTS, TRANSMISSION, QueueTables
+from poison_pipeline.storage.tables import ACTIONS, EVENTS, TRANSMISSION, QueueTables
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ def parse_cursor(raw: str | None) -> dict[str, Any]:
 
 # What an evaluation saw, kept in the cursor: while none of it can have changed, the next evaluation
 # gives the same answer without reading the log (`_still`).
-_SEEN = ("version", "waiting", "due", "next_due", "run_key", "log_mark", "events_mark", "disabled")
+_SEEN = ("version", "waiting", "due", "next_due", "run_key", "log_mark", "events_mark", "disabled", "interrupted",
+         "actions_mark")
 
 
 def decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetime,
@@ -69,6 +71,10 @@ def decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetim
         return Decision(None, cursor, f"{tables.queue}/{table} does not exist yet: nothing enqueued")
     state = queue_state(tables)
     digest = hashlib.sha1(",".join(stats.due_batches).encode()).hexdigest()[:12]
+    # An operator action a kill left half done is completed by the queue's next cycle, before it
+    # selects anything: the inbound's sensor requests that cycle even when nothing is due, so the
+    # action does not wait for the queue's next message.
+    interrupted, actions_version = interrupted_actions(tables) if table == INBOUND else (0, None)
     base = {
         "version": stats.version,
         "waiting": stats.rows,
@@ -80,8 +86,12 @@ def decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetim
         "events_mark": tables.log_mark(EVENTS, state.version),
         # Said in the cursor too: what waits in a disabled queue waits for an operator, not a clock.
         "disabled": None if state.enabled else state.reason or "disabled",
+        "interrupted": interrupted,
+        "actions_mark": tables.log_mark(ACTIONS, actions_version),
         "last_run_key": cursor.get("last_run_key"),
     }
+    if interrupted and not stats.due_rows:
+        base["run_key"] = f"{tables.queue}/{table}/actions-v{actions_version}"
     return _answer(tables, table, base, cursor, last_run_failed)
 
 
@@ -93,13 +103,19 @@ def _still(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetim
         return False
     if cursor["next_due"] and datetime.fromisoformat(cursor["next_due"]) <= now:
         return False
-    return tables.unchanged_since(table, cursor["log_mark"]) and tables.unchanged_since(EVENTS, cursor["events_mark"])
+    return (tables.unchanged_since(table, cursor["log_mark"]) and tables.unchanged_since(EVENTS, cursor["events_mark"])
+            and (table != INBOUND or tables.unchanged_since(ACTIONS, cursor["actions_mark"])))
 
 
 def _answer(tables: QueueTables, table: str, base: dict[str, Any], cursor: dict[str, Any],
             last_run_failed: bool) -> Decision:
     if base["disabled"] is not None:
         return Decision(None, base, f"queue {tables.queue!r} is disabled: {base['disabled']}")
+    if not base["due"] and base["interrupted"]:
+        key = base["run_key"]
+        return _request(key, base, cursor, last_run_failed,
+                        f"{base['interrupted']} interrupted action(s) of {tables.queue}: a cycle to complete "
+                        f"them was already requested ({key})")
     if not base["due"]:
         when = f"; next due at {base['next_due']}" if base["next_due"] else ""
         return Decision(None, base, f"{base['waiting']} waiting in {tables.queue}/{table}, none due{when}")

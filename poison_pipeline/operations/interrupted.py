@@ -34,8 +34,19 @@ from poison_pipeline.storage.plans import remove_finished_plans
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
-# Redrives before edits (an edit completes through its own redrive) and undos last.
-_ORDER = ("redrive", "edit", "purge", "undo")
+# The actions a kill can leave half done, in the order they are completed: redrives before edits
+# (an edit completes through its own redrive) and undos last.
+INTERRUPTIBLE = ("redrive", "edit", "purge", "undo")
+_ORDER = INTERRUPTIBLE
+
+
+def interrupted_actions(tables: QueueTables) -> tuple[int, int | None]:
+    """How many actions of the queue a kill left half done (its next cycle completes them), and the
+    version of its actions ledger that says so (None without one)."""
+    ledger = tables.open_if_exists(ACTIONS)
+    if ledger is None:
+        return 0, None
+    return len(planned_actions(tables, INTERRUPTIBLE, snapshot=ledger)), ledger.version()
 
 
 @dataclass
