@@ -39,8 +39,8 @@ from cycle_throughput import body_of, emit, kind_of  # noqa: E402
 
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration  # noqa: E402
 from poison_pipeline.domain.routing import POISON, PROCESSED, QUARANTINE  # noqa: E402
-from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
+from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
 from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
 from poison_pipeline.storage.tables import QueueTables  # noqa: E402
 

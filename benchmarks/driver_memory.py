@@ -32,8 +32,8 @@ import bench_handler  # noqa: E402
 import cycle_throughput as ct  # noqa: E402
 
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration  # noqa: E402
-from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
+from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
 
 TARGET_RATIO = 1.5
 # Written in commits of this many messages: the writing process never holds a whole big batch.

@@ -51,7 +51,6 @@ from lake_seed import seed_enqueues  # noqa: E402
 
 from poison_pipeline.defs.sensors import decide  # noqa: E402
 from poison_pipeline.domain.declaration import Declaration, parse_declaration  # noqa: E402
-from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
 from poison_pipeline.operations.checks import (  # noqa: E402
     POISON_GROWTH,
     check_conservation,
@@ -59,6 +58,7 @@ from poison_pipeline.operations.checks import (  # noqa: E402
     check_oldest_waiting,
     check_one_place,
 )
+from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
 from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
 from poison_pipeline.storage.tables import QueueTables  # noqa: E402
 from poison_pipeline.storage.uri import fs_of  # noqa: E402

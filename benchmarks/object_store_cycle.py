@@ -32,8 +32,8 @@ import pyarrow.fs as pafs  # noqa: E402
 from cycle_throughput import POLICY, emit, seed, timed, warmup_size  # noqa: E402
 
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration  # noqa: E402
-from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
+from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
 from poison_pipeline.storage.uri import fs_of  # noqa: E402
 from poison_pipeline_tests import s3_support  # noqa: E402
 

@@ -45,9 +45,10 @@ from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse
 from poison_pipeline.engine import cycle as cycle_module  # noqa: E402
 from poison_pipeline.engine import recovery as recovery_module  # noqa: E402
 from poison_pipeline.engine.batch import CycleSpec, Processor  # noqa: E402
-from poison_pipeline.engine.cycle import CycleReport, run_cycle  # noqa: E402
+from poison_pipeline.engine.cycle import CycleReport  # noqa: E402
 from poison_pipeline.engine.ordering import in_conversation_order  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
+from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
 from poison_pipeline.storage import schemas  # noqa: E402
 from poison_pipeline.storage.tables import ATTEMPTS, QueueTables  # noqa: E402
 

@@ -40,8 +40,8 @@ from poison_pipeline.domain.declaration import Declaration, SmallCycles, SparkSe
 from poison_pipeline.engine import cycle as cycle_module  # noqa: E402
 from poison_pipeline.engine import local  # noqa: E402
 from poison_pipeline.engine import recovery as recovery_module  # noqa: E402
-from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
+from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
 from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
 from poison_pipeline.storage.lease import Lease  # noqa: E402
 from poison_pipeline.storage.tables import INTAKE, QueueTables  # noqa: E402

@@ -39,8 +39,8 @@ from cycle_throughput import emit  # noqa: E402
 from lake_seed import compare_logs, seed_enqueues  # noqa: E402
 
 from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse_declaration  # noqa: E402
-from poison_pipeline.engine.cycle import run_cycle  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
+from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
 from poison_pipeline.operations.maintenance import maintain  # noqa: E402
 from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
 from poison_pipeline.storage.tables import INTAKE, QueueTables  # noqa: E402

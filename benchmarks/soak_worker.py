@@ -21,8 +21,8 @@ from typing import Any
 
 from poison_pipeline.broker.transmission import pending_count, transmit
 from poison_pipeline.domain.declaration import Declaration, load_declaration
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.engine.session import build_session
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.lease import Holder, LeaseHeld
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables

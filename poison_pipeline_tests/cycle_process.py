@@ -8,8 +8,8 @@ import sys
 from dataclasses import asdict
 
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.engine.session import build_session
+from poison_pipeline.operations.cycle import run_cycle
 
 
 def main(config: str, queue: str, table: str, run_id: str) -> None:

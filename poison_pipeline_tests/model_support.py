@@ -396,7 +396,7 @@ def run_op(config: str, op: str, args: dict[str, Any]) -> str:
     """Run one operation as `args` say; returns a short description of its result."""
     declaration = declaration_of(config)
     if op == "cycle":
-        from poison_pipeline.engine.cycle import run_cycle
+        from poison_pipeline.operations.cycle import run_cycle
         report = run_cycle(no_spark, declaration, args["queue"], args["table"], run_id=args.get("run_id", "model"))
         return f"cycle {report.counts}"
     if op == "enqueue":

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.domain.envelope import Message
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage import writer as writer_module
 from poison_pipeline.storage.lease import LeaseLost
 from poison_pipeline_tests.recording_handlers import append_line

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pyspark.sql import SparkSession
 
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 
 
 def _no_spark() -> SparkSession:

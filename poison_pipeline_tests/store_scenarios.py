@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow.fs as pafs
 import yaml
 
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.undo import undo

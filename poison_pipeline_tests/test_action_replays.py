@@ -20,12 +20,12 @@ from poison_pipeline import cli
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, POISON
 from poison_pipeline.engine import cycle as cycle_module
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations import edit as edit_module
 from poison_pipeline.operations import purge as purge_module
 from poison_pipeline.operations import redrive as redrive_module
 from poison_pipeline.operations.actions import ABANDONED, DONE, PLANNED, find_action
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditNotFound, edit
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.redrive import RedriveError, Replacement, redrive

@@ -18,7 +18,7 @@ from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import alert_job_name, alert_sensor_name, job_name
 from poison_pipeline.domain.alerts import MESSAGES_FAILED, QueueEvent
 from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables

@@ -15,7 +15,6 @@ from deltalake import write_deltalake
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import job_name
 from poison_pipeline.domain.declaration import Declaration, DeclarationError
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.checks import (
     POISON_GROWTH,
     check_conservation,
@@ -23,6 +22,7 @@ from poison_pipeline.operations.checks import (
     check_oldest_waiting,
     check_one_place,
 )
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage import schemas

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from poison_pipeline.cli import main
 from poison_pipeline.domain.declaration import CONFIG_ENV, load_declaration
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.enqueue import refused_path
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables

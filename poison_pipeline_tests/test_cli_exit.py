@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from poison_pipeline.cli import flush_output, main
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.test_cli import write_config, write_jsonl

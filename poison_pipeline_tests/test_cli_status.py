@@ -11,8 +11,8 @@ from pyspark.sql import SparkSession
 
 from poison_pipeline.cli import main
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.test_cli import HANDLER, write_config, write_jsonl
 

@@ -29,10 +29,10 @@ from poison_pipeline.cli import main
 from poison_pipeline.defs.naming import job_name
 from poison_pipeline.domain.declaration import DeclarationError, load_declaration, parse_declaration
 from poison_pipeline.domain.paths import UnsafeName
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.engine.local_servers import alive, process_links
 from poison_pipeline.examples.checks import hook_calls
 from poison_pipeline.handlers import UnsafePath, safe_path
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditError, edit
 from poison_pipeline.operations.purge import PurgeError, purge
 from poison_pipeline.operations.redrive import RedriveError, redrive

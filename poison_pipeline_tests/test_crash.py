@@ -12,7 +12,7 @@ import pytest
 from poison_pipeline.domain.declaration import parse_declaration
 from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.engine import recovery as recovery_module
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.writer import QueueWriter
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.support import at_step, places, queue, rows, send

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.recording_handlers import read_lines

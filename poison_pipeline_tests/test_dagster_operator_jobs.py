@@ -23,8 +23,8 @@ from poison_pipeline.defs.naming import (
     operator_op_name,
     retention_schedule_name,
 )
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.actions import DONE, list_actions
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.purge import RETENTION_ACTOR
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.enqueue import enqueue

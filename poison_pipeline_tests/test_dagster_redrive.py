@@ -32,9 +32,9 @@ from dagster._daemon.backfill import execute_backfill_iteration
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import QUEUE_TAG, USER_TAG, job_name, redrive_asset_key, redrive_job_name
 from poison_pipeline.defs.redrive import REDRIVE_START, redrive_id
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.actions import DONE, find_action, list_actions
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables

@@ -16,8 +16,8 @@ from poison_pipeline.broker.conversations import end_conversation
 from poison_pipeline.domain.routing import PROCESSED
 from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.engine import dedup as dedup_module
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.engine.id_hashes import id_hash
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.recording_handlers import read_lines

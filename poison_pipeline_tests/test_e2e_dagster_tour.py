@@ -19,8 +19,8 @@ from selenium.webdriver.common.by import By
 
 from poison_pipeline.defs.naming import job_name, operator_job_name, operator_op_name, redrive_asset_key
 from poison_pipeline.domain.declaration import Declaration, load_declaration
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.actions import list_actions
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables

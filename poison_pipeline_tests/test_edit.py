@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from poison_pipeline import cli
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations import edit as edit_module
 from poison_pipeline.operations import redrive as redrive_module
 from poison_pipeline.operations.actions import DONE, PLANNED, find_action
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edits_of
 from poison_pipeline.operations.inspect_message import inspect_message
 from poison_pipeline.storage.enqueue import enqueue

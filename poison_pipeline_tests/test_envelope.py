@@ -94,7 +94,7 @@ def test_once_a_queue_has_all_its_tables_they_are_not_asked_for_again_nor_one_ma
 
     from deltalake import DeltaTable
 
-    from poison_pipeline.engine.cycle import run_cycle
+    from poison_pipeline.operations.cycle import run_cycle
     from poison_pipeline.storage.tables import QueueTables
 
     declaration = make_declaration(queue())

@@ -23,8 +23,8 @@ from deltalake import DeltaTable
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings, load_declaration
 from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.engine.commit import SequenceReused
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.intake import accepted_total

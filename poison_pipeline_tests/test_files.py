@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from poison_pipeline.domain.alerts import MESSAGES_FAILED
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.checks import check_one_place, message_ids
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.maintenance import maintain
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.column_cache import note_rows, notes_file

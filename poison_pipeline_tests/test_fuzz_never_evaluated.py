@@ -17,7 +17,7 @@ import yaml
 
 from poison_pipeline.defs.failure_metadata import table_metadata
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline_tests.fuzz_support import CODE_TEXTS, COUNTS, pickle_bytes
 from poison_pipeline_tests.support import places, rows
 from poison_pipeline_tests.test_fuzz_cli import no_spark

@@ -21,7 +21,7 @@ from poison_pipeline.defs.assets import queue_assets
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.domain.errors import describe, frame_name, is_handler_code, normalise, signature_of
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.groups import (
     FailureGroup,
     UnknownGroup,

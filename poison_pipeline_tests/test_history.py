@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from poison_pipeline import cli
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit
 from poison_pipeline.operations.history import history
 from poison_pipeline.operations.inspect_message import AsOfError, inspect_message

@@ -167,8 +167,8 @@ def _no_spark() -> Any:
 def test_a_small_cycle_on_an_object_store_lake_processes_everything_and_balances(
         s3_server: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     from poison_pipeline.domain.declaration import parse_declaration
-    from poison_pipeline.engine.cycle import run_cycle
     from poison_pipeline.operations.conservation import conservation
+    from poison_pipeline.operations.cycle import run_cycle
     from poison_pipeline.storage import intake
     from poison_pipeline.storage.enqueue import enqueue
     from poison_pipeline.storage.tables import QueueTables

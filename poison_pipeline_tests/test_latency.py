@@ -15,8 +15,9 @@ from poison_pipeline.defs.naming import QUEUE_TAG, job_name
 from poison_pipeline.defs.sensors import transmission_sensor, waiting_sensor
 from poison_pipeline.domain.declaration import DeclarationError
 from poison_pipeline.domain.envelope import parse_envelope
-from poison_pipeline.engine.cycle import CycleReport, run_cycle
+from poison_pipeline.engine.cycle import CycleReport
 from poison_pipeline.engine.stay import stay
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.enqueue import message_rows
 from poison_pipeline.storage.tables import QueueTables

@@ -20,8 +20,8 @@ from poison_pipeline.cli import main
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import maintenance_schedule_name
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.checks import check_conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.maintenance import RetentionTooShort, maintain, retention_hours
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.undo import undo

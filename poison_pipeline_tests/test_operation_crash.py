@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 from poison_pipeline.domain.declaration import Declaration, parse_declaration
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.actions import list_actions
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.redrive import redrive

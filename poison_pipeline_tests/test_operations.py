@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from poison_pipeline.domain.declaration import Declaration, parse_declaration
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.inspect_message import inspect_message, render_body
 from poison_pipeline.operations.status import format_age, format_status, queue_status
 from poison_pipeline.storage import schemas

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.control import QUEUE_DISABLED, queue_state, set_enabled
 from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables

@@ -19,10 +19,10 @@ import yaml
 
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations import purge as purge_module
 from poison_pipeline.operations.actions import DONE, PLANNED, find_action, list_actions
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, apply_retention, purge
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.operations.undo import undo

@@ -10,7 +10,7 @@ import yaml
 
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage import control
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.tables import QueueTables

@@ -15,9 +15,9 @@ import pytest
 
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import LeaseSettings
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations import redrive as redrive_module
 from poison_pipeline.operations.actions import DONE, PLANNED, find_action
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.operations.redrive import RedriveError, redrive
 from poison_pipeline.operations.selection import Selection, SelectionError

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from poison_pipeline.broker.conversations import end_conversation
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.enqueue import enqueue

@@ -20,8 +20,8 @@ from dagster import (
 )
 
 from poison_pipeline.defs.sensors import decide, waiting_sensor
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.actions import ABANDONED, begin_action, find_action
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import queue_writer

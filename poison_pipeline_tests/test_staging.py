@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.recording_handlers import read_lines
 from poison_pipeline_tests.support import places, rows, send

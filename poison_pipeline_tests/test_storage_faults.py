@@ -36,9 +36,9 @@ from deltalake import DeltaTable
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import job_name
 from poison_pipeline.domain.declaration import Declaration, parse_declaration
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations.actions import list_actions
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage import uri as uri_module

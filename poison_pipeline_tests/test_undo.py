@@ -18,10 +18,10 @@ import yaml
 from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.engine.cycle import run_cycle
 from poison_pipeline.operations import undo as undo_module
 from poison_pipeline.operations.actions import DONE, PLANNED, UNDONE, begin_action, find_action
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit, edits_of
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.redrive import redrive

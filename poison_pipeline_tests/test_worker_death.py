@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from poison_pipeline.engine.cycle import run_cycle
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline_tests.support import attempts_of, places, queue, rows, send
 
 # Spark jobs, and small cycles' worker processes.

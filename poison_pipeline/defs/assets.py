@@ -25,8 +25,9 @@ from poison_pipeline.defs.resources import SparkResource
 from poison_pipeline.defs.waiting_runs import other_work_waiting
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE
-from poison_pipeline.engine.cycle import CycleReport, run_cycle
+from poison_pipeline.engine.cycle import CycleReport
 from poison_pipeline.engine.stay import stay
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 

@@ -1,4 +1,9 @@
-"""One retry cycle of one waiting table: recover, select, deliver on Spark, stage, commit."""
+"""One retry cycle of one waiting table: recover, select, deliver on Spark, stage, commit.
+
+Operator actions a kill left half done are completed before anything is selected (a message an
+interrupted redrive planned to move must not be delivered here too), by a completer the caller
+gives: the engine knows none of the actions (`operations/cycle.py` gives the operator console's).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -41,7 +47,6 @@ from poison_pipeline.engine.ordering import (
 from poison_pipeline.engine.reading import read_files
 from poison_pipeline.engine.recovery import finish_staged
 from poison_pipeline.engine.staging import stage_on_spark
-from poison_pipeline.operations.interrupted import Completed, complete_interrupted
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.faults import StorageFailure
@@ -63,6 +68,23 @@ from poison_pipeline.storage.tables import (
     TableStats,
 )
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
+
+
+@dataclass
+class Completed:
+    """The interrupted actions a holder completed, those it closed `abandoned` (killed before their
+    plan: nothing moved), and those it left for the next holder, with why."""
+
+    completed: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
+    left: dict[str, str] = field(default_factory=dict)
+
+
+class ActionCompleter(Protocol):
+    """Completes the operator actions of `writer`'s queue that a kill left half done, holding its
+    lease (`writer`), before a cycle selects anything."""
+
+    def __call__(self, declaration: Declaration, writer: QueueWriter, run_id: str) -> Completed: ...
 
 
 @dataclass
@@ -153,18 +175,21 @@ def run_cycle(
     now: datetime | None = None,
     run_id: str = "manual",
     on_wait: Callable[[Holder], None] | None = None,
+    *,
+    complete_actions: ActionCompleter,
 ) -> CycleReport:
     """Process the due messages of `table` in `queue` once; safe to re-run after any crash.
 
     Holds the queue's lease throughout: a second starter of any work on this queue waits, then
-    fails naming this run (`on_wait` hears of a holder this run waits for)."""
+    fails naming this run (`on_wait` hears of a holder this run waits for). `complete_actions`
+    completes the queue's interrupted operator actions first."""
     tables = QueueTables.of(declaration, queue)
     if table not in tables.waiting:
         raise ValueError(f"{table!r} is not a waiting table of {queue!r}: {', '.join(tables.waiting)}")
     try:
         tables.ensure()
         with queue_writer(tables, f"{table} cycle", run_id, on_wait) as writer:
-            report = _run_held(spark, declaration, writer, table, now, run_id)
+            report = _run_held(spark, declaration, writer, table, now, run_id, complete_actions)
             report.cleanup_failures = unfinished_cleanups(declaration, tables)
             return report
     except StorageFailure as failure:
@@ -175,7 +200,7 @@ def run_cycle(
 
 
 def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWriter, table: str,
-              now: datetime | None, run_id: str) -> CycleReport:
+              now: datetime | None, run_id: str, complete_actions: ActionCompleter) -> CycleReport:
     started = time.perf_counter()
     tables, lease = writer.tables, writer.lease
     queue = tables.queue
@@ -193,7 +218,7 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
         elif previous.state == "planned":
             remove_tree(previous.staging, tables.storage_options)  # a compute that died: nothing of it was committed
     writer.check()
-    report.interrupted = complete_interrupted(declaration, writer, run_id)
+    report.interrupted = complete_actions(declaration, writer, run_id)
     settle_intake(writer)
     state = queue_state(tables, snapshot=writer.latest_if_exists(EVENTS))
     if not state.enabled:

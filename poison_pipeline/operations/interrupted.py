@@ -19,9 +19,9 @@ whose committed chunk is nowhere in its target) is left, with its error, and the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.engine.cycle import Completed
 from poison_pipeline.engine.recovery import finish_interrupted_cycles
 from poison_pipeline.operations import purge as purging
 from poison_pipeline.operations.actions import PLANNED, Action, abandon_action, find_action, planned_actions
@@ -47,16 +47,6 @@ def interrupted_actions(tables: QueueTables) -> tuple[int, int | None]:
     if ledger is None:
         return 0, None
     return len(planned_actions(tables, INTERRUPTIBLE, snapshot=ledger)), ledger.version()
-
-
-@dataclass
-class Completed:
-    """The interrupted actions a holder completed, those it closed `abandoned` (killed before their
-    plan: nothing moved), and those it left for the next holder, with why."""
-
-    completed: list[str] = field(default_factory=list)
-    abandoned: list[str] = field(default_factory=list)
-    left: dict[str, str] = field(default_factory=dict)
 
 
 def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: str,
