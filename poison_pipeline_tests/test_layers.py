@@ -55,3 +55,26 @@ def test_every_package_is_placed_in_a_layer():
     packages = {path.name for path in Path(poison_pipeline.__file__).parent.iterdir()
                 if path.is_dir() and (path / "__init__.py").exists()}
     assert packages - set(ALLOWED) == {"examples"}  # examples use every layer, as a user's code does
+
+
+def test_private_dagster_names_are_used_in_the_run_launchers_package_only_and_still_resolve():
+    """Dagster offers no public way to launch runs in a warm process: that package alone reaches into
+    `dagster._*`. Every name it takes from there still exists in the installed Dagster."""
+    import importlib
+
+    root = Path(poison_pipeline.__file__).parent
+    outside, names = [], []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dagster._"):
+                if path.relative_to(root).parts[0] != "runs":
+                    outside.append(str(path.relative_to(root)))
+                names += [(node.module, alias.name) for alias in node.names]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module" and node.args \
+                    and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("dagster._"):
+                names.append((node.args[0].value, None))
+    assert not outside, outside
+    assert len(names) > 5
+    for module, name in names:
+        imported = importlib.import_module(module)
+        assert name is None or hasattr(imported, name), f"dagster has no {module}.{name} any more"

@@ -10,7 +10,7 @@ from dagster import AssetCheckKey, AssetSelection, define_asset_job, in_process_
 from poison_pipeline.defs.naming import QUEUE_TAG, asset_key, job_name
 
 if TYPE_CHECKING:
-    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+    from poison_pipeline.runs.dagster_types import UnresolvedAssetJobDefinition
 
 
 def cycle_job(queue: str, table: str, checks: Sequence[AssetCheckKey] = ()) -> UnresolvedAssetJobDefinition:

@@ -31,7 +31,7 @@ from poison_pipeline.operations.selection import SelectionError, selection_filte
 from poison_pipeline.storage.tables import QueueTables
 
 if TYPE_CHECKING:
-    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+    from poison_pipeline.runs.dagster_types import UnresolvedAssetJobDefinition
 
 # The first day a user can pick. Failures are kept until purged, so the partitions reach back well
 # before any lake this version wrote; a day without failures redrives nothing. Today is a partition
