@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from poison_pipeline.domain.alerts import QueueEvent
 
 CALLS: list[QueueEvent] = []
@@ -17,3 +19,8 @@ def record(event: QueueEvent) -> None:
 
 def broken(event: QueueEvent) -> None:
     raise ChatDown(f"chat webhook answered 503 for {event.event_id}")
+
+
+def slow(event: QueueEvent) -> None:
+    time.sleep(30)
+    CALLS.append(event)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 # Every call of `record`, in order; tests clear it (see the `hook_calls` fixture).
@@ -22,4 +23,13 @@ def flaky(**kwargs: Any) -> None:
     if FAILURES_LEFT[0] > 0:
         FAILURES_LEFT[0] -= 1
         raise StateStoreDown(f"cannot drop the state of {kwargs['conversation_id']}")
+    CALLS.append(kwargs)
+
+
+# How long each call of `slow` sleeps before it records the call.
+SLEEP = [0.0]
+
+
+def slow(**kwargs: Any) -> None:
+    time.sleep(SLEEP[0])
     CALLS.append(kwargs)

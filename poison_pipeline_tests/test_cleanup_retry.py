@@ -3,6 +3,7 @@ every following cycle until it succeeds (hooks are documented as safe to repeat)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -75,3 +76,32 @@ def test_a_run_whose_hook_fails_warns_and_counts_it_in_metadata(spark, make_decl
     assert events["inbound"].step_materialization_data.materialization.metadata["cleanup_hook_failures"].value == 1
     assert any("clean-up hook of ended conversation 'deck-1' has not succeeded" in w for w in warnings), warnings
 
+
+
+def test_a_hook_past_the_hook_timeout_counts_as_failed_and_is_tried_again(spark, make_declaration, hook_calls):
+    queues = {"q": {
+        "handler": "poison_pipeline_tests.handlers:scripted",
+        "on_conversation_end": "poison_pipeline_tests.conversation_hooks:slow",
+        "policy": {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "drop",
+                   "ordering": "conversation", "on_conversation_poison": "end_conversation"},
+    }}
+    declaration = make_declaration(queues, hook_timeout="1s")
+    conversation_hooks.SLEEP[0] = 30.0
+    try:
+        send(declaration, {"slide-3": {"fail": True}}, conversation_id="deck-1", sequence_number=3)
+        started = time.monotonic()
+        first = run_cycle(spark, declaration, "q", "inbound")
+        assert time.monotonic() - started < 25, "the cycle waited for the hook past its timeout"
+        [unfinished] = first.cleanup_failures
+        assert "HookTimeout: the hook poison_pipeline_tests.conversation_hooks:slow ran longer than the " \
+               "hook_timeout of 1s" in unfinished.last_error
+        assert hook_calls == []
+    finally:
+        conversation_hooks.SLEEP[0] = 0.0
+    second = run_cycle(spark, declaration, "q", "inbound")
+    assert second.cleanup_failures == [] and [c["conversation_id"] for c in hook_calls] == ["deck-1"]
+
+
+def test_the_hook_timeout_must_be_positive(make_declaration):
+    with pytest.raises(ValueError, match="hook_timeout must be a positive duration"):
+        make_declaration({"q": {"handler": "poison_pipeline_tests.handlers:scripted"}}, hook_timeout="0s")

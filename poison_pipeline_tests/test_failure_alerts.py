@@ -54,9 +54,9 @@ def instance() -> Iterator[DagsterInstance]:
         yield ephemeral
 
 
-def declare(tmp_path: Path, alert_hook: str | None = RECORD) -> Declaration:
+def declare(tmp_path: Path, alert_hook: str | None = RECORD, **settings: Any) -> Declaration:
     data: dict[str, Any] = {"lake_root": str(tmp_path / "lake"), "spark": SPARK.model_dump(),
-                            "queues": queue(max_retry_cycles=0, receive_error_handling="move")}
+                            "queues": queue(max_retry_cycles=0, receive_error_handling="move"), **settings}
     if alert_hook:
         data["alert_hook"] = alert_hook
     return parse_declaration(data)
@@ -253,6 +253,19 @@ def test_a_hook_that_raises_fails_the_alert_run_naming_its_error(tmp_path, insta
     message = failure.step_failure_data.error.message
     assert "inbound cycle 1 poisoned 1 message(s)" in message
     assert f"the alert hook {BROKEN} failed: ChatDown: chat webhook answered 503" in message
+
+
+def test_a_hook_past_the_hook_timeout_fails_the_alert_run_saying_so(tmp_path, instance):
+    declaration = declare(tmp_path, alert_hook="poison_pipeline_tests.alert_hooks:slow", hook_timeout="1s")
+    defs = build_definitions(declaration)
+    send(declaration, {"a1": {"fail": True}})
+    run_cycle_job(defs, instance, "inbound")
+    [request] = evaluate(declaration, instance, None).run_requests
+    alert = run_alert(defs, instance, request)
+    assert not alert.success and alert_hooks.CALLS == []
+    [failure] = [e for e in alert.all_events if e.is_step_failure]
+    assert "HookTimeout: the hook poison_pipeline_tests.alert_hooks:slow ran longer than the hook_timeout of 1s" \
+        in failure.step_failure_data.error.message
 
 
 def test_without_a_hook_the_alert_run_still_shows_the_failures(tmp_path, instance):

@@ -26,7 +26,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,8 +41,8 @@ from poison_pipeline.domain.conversation_errors import (
     describe_code,
 )
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.imports import import_callable
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED
+from poison_pipeline.domain.user_code import call_hook
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import event_row
 from poison_pipeline.storage.intake import UNSENT, ensure_intake, record_intake
@@ -132,7 +132,7 @@ def _end_held(declaration: Declaration, writer: QueueWriter, conversation_id: st
     unsent = _drop_pending_sends(declaration, writer, conversation_id, now)
     notified = _notify_senders(declaration, writer, record, now)
     hook = declaration.queue(queue).on_conversation_end
-    ran, ran_before, error = _clean_up(writer, hook, record, actor, now)
+    ran, ran_before, error = _clean_up(writer, hook, declaration.hook_timeout, record, actor, now)
     return EndResult(queue, conversation_id, already, record.code, record.description, record.actor,
                      record.at, removed, notified, hook, ran, ran_before, error, unsent)
 
@@ -388,7 +388,7 @@ def _notify_senders(declaration: Declaration, writer: QueueWriter, record: EndRe
     return tuple(new)
 
 
-def _clean_up(writer: QueueWriter, hook: str | None, record: EndRecord, actor: str,
+def _clean_up(writer: QueueWriter, hook: str | None, timeout: timedelta, record: EndRecord, actor: str,
               now: datetime) -> tuple[bool, bool, str | None]:
     """Run the clean-up hook unless it already ran: (ran now, ran before, error)."""
     tables = writer.tables
@@ -397,12 +397,11 @@ def _clean_up(writer: QueueWriter, hook: str | None, record: EndRecord, actor: s
     event_id = _cleanup_id(tables, record.conversation_id)
     if _has_event(tables, event_id):
         return False, True, None
-    try:
-        function = import_callable(hook)
-        function(conversation_id=record.conversation_id, code=record.code, description=record.description,
-                 queue=tables.queue)
-    except Exception as error:  # the application's code: whatever it raises is reported, not raised
+    error = call_hook(hook, timeout, conversation_id=record.conversation_id, code=record.code,
+                      description=record.description, queue=tables.queue)
+    if error is not None:  # the application's code: whatever it raises is reported, not raised
         problem = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
+        problem = problem.removeprefix("poison_pipeline.domain.user_code.")
         problem += f": {error}"
         row = event_row(CONVERSATION_CLEANUP_FAILED, now, actor,
                         f"clean-up hook {hook} failed for conversation {record.conversation_id!r}: {problem}")
@@ -465,4 +464,4 @@ def retry_cleanups(declaration: Declaration, writer: QueueWriter, now: datetime)
     for conversation_id in sorted(pending):
         record = _recorded(tables, conversation_id)
         if record is not None:
-            _clean_up(writer, hook, record, "poison_pipeline", now)
+            _clean_up(writer, hook, declaration.hook_timeout, record, "poison_pipeline", now)

@@ -15,7 +15,7 @@ event once, in a run of the kind's alert job, which calls the declared alert hoo
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from dagster import (
@@ -53,7 +53,7 @@ from poison_pipeline.defs.naming import (
 from poison_pipeline.defs.sensors import parse_cursor
 from poison_pipeline.domain.alerts import MESSAGES_FAILED, FailureCount, QueueEvent, merged_failures
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.imports import import_callable
+from poison_pipeline.domain.user_code import call_hook
 from poison_pipeline.storage.control import QUEUE_DISABLED
 from poison_pipeline.storage.events import events_after, events_version
 from poison_pipeline.storage.tables import QueueTables
@@ -235,13 +235,14 @@ def messages_failed_sensor(declaration: Declaration, queue: str) -> SensorDefini
     return alert_sensor(declaration, queue, MESSAGES_FAILED)
 
 
-def _call_hook(context: OpExecutionContext, hook: str | None, event: QueueEvent) -> tuple[Exception | None, str]:
-    """Call the declared hook with `event`: what it raised, and that as text ("" when it did not)."""
+def _call_hook(context: OpExecutionContext, hook: str | None, timeout: timedelta, event: QueueEvent
+               ) -> tuple[Exception | None, str]:
+    """Call the declared hook with `event` within `timeout`: what it raised, and that as text (""
+    when it did not)."""
     if hook is None:
         return None, ""
-    try:
-        import_callable(hook)(event)
-    except Exception as error:
+    error = call_hook(hook, timeout, event)
+    if error is not None:
         return error, f"{type(error).__name__}: {error}"
     context.log.info(f"alert hook {hook} called for event {event.event_id}")
     return None, ""
@@ -271,7 +272,7 @@ def queue_disabled_job(declaration: Declaration, queue: str) -> JobDefinition:
         # The sensor gives one event a run; a run launched by hand may give more.
         messages, metadata, causes = [], {}, []
         for event in config.queue_events(queue):
-            cause, hook_error = _call_hook(context, hook, event)
+            cause, hook_error = _call_hook(context, hook, declaration.hook_timeout, event)
             message = event.describe()
             if hook_error:
                 message += f"; the alert hook {hook} failed too: {hook_error}"
@@ -319,7 +320,7 @@ def messages_failed_job(declaration: Declaration, queue: str) -> JobDefinition:
         failed: list[tuple[QueueEvent, Exception, str]] = []
         for event in events:
             context.log.warning(event.describe())
-            cause, hook_error = _call_hook(context, hook, event)
+            cause, hook_error = _call_hook(context, hook, declaration.hook_timeout, event)
             if cause is not None:
                 failed.append((event, cause, hook_error))
         if failed:

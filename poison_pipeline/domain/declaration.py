@@ -17,6 +17,7 @@ from poison_pipeline.domain.envelope import shown
 from poison_pipeline.domain.imports import import_callable
 from poison_pipeline.domain.policy import Duration, Ordering, PoisonQueuePolicy, Policy
 from poison_pipeline.domain.routing import FAILURE_TABLES
+from poison_pipeline.domain.user_code import DEFAULT_HOOK_TIMEOUT
 from poison_pipeline.handlers import batch_size
 
 _QUEUE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
@@ -253,6 +254,9 @@ class Declaration(BaseModel):
     queues: dict[str, QueueDeclaration]
     # Called with a QueueEvent when a queue is disabled: where a user points mail or chat.
     alert_hook: str | None = None
+    # How long a clean-up hook (on_conversation_end) or the alert hook may run: past it the call
+    # counts as failed (a clean-up is then tried again by the queue's next cycle).
+    hook_timeout: Duration = DEFAULT_HOOK_TIMEOUT
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     small_cycles: SmallCycles = Field(default_factory=SmallCycles)
 
@@ -260,6 +264,13 @@ class Declaration(BaseModel):
         # repr and str of a declaration end up in logs and error messages: no credentials there.
         for name, value in super().__repr_args__():
             yield name, masked(value) if name == "storage_options" else value
+
+    @field_validator("hook_timeout")
+    @classmethod
+    def _positive_hook_timeout(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError(f"hook_timeout must be a positive duration (e.g. 60s), not {value}")
+        return value
 
     @field_validator("alert_hook")
     @classmethod

@@ -7,12 +7,8 @@ cycle's careful re-run charges it (engine/cycle._stage).
 
 from __future__ import annotations
 
-import signal
-import threading
 import types
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from time import perf_counter, time_ns
 from typing import Any
@@ -20,6 +16,7 @@ from typing import Any
 from poison_pipeline.domain.envelope import Message, Outgoing
 from poison_pipeline.domain.errors import Classifier, ErrorInfo, HandlerTimeout
 from poison_pipeline.domain.routing import Outcome
+from poison_pipeline.domain.user_code import call_with_timeout
 from poison_pipeline.engine import output, watchdog
 
 Handler = Callable[[Message], Any]
@@ -69,33 +66,9 @@ def _unrun(result: Any) -> TypeError:
 def _call(handler: Callable[[Any], Any], message: Any, seconds: float) -> Any:
     watchdog.arm(seconds)
     try:
-        if threading.current_thread() is threading.main_thread():
-            return _on_main_thread(handler, message, seconds)
-        # Off the main thread no signal can be used: abandon the attempt's thread after the timeout.
-        pool = ThreadPoolExecutor(max_workers=1)
-        try:
-            return pool.submit(handler, message).result(timeout=seconds)
-        except FutureTimeout:
-            raise _timed_out(seconds) from None
-        finally:
-            pool.shutdown(wait=False)
+        return call_with_timeout(handler, (message,), {}, seconds, lambda: _timed_out(seconds))
     finally:
         watchdog.disarm()
-
-
-def _on_main_thread(handler: Callable[[Any], Any], message: Any, seconds: float) -> Any:
-    # A timer signal interrupts the handler's Python code in place, so a hung attempt
-    # does not hold the worker.
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise _timed_out(seconds)
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return handler(message)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # Not frozen: one is built per delivered message, and a frozen dataclass's __init__ costs four times
