@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
+import yaml
 
 from poison_pipeline.domain.declaration import DeclarationError, load_declaration, parse_declaration
 
@@ -96,3 +99,22 @@ def test_credentials_in_spark_settings_are_hidden_where_a_declaration_is_shown()
     assert "lake_root" in str(whole.value)
     for message in (str(error.value), str(whole.value)):
         assert secret not in message and other not in message, message
+
+
+def test_operator_commands_load_a_declaration_whose_handler_cannot_be_imported(tmp_path):
+    """Importing the application's code is a step of its own: `status` works on a machine without
+    the handlers' modules (or with one that fails to import), and loading for running queues still
+    refuses the path with the field, the value and the rule."""
+    config = tmp_path / "decl.yaml"
+    config.write_text(yaml.safe_dump({"lake_root": str(tmp_path / "lake"), "alert_hook": "nowhere.alerts:page",
+                                      "queues": {"q": {"handler": "nowhere.handlers:handle", "policy": {
+                                          "unrecoverable": {"exceptions": ["nowhere.errors:Bad"]}}}}}))
+    declaration = load_declaration(config, import_code=False)
+    assert declaration.queues["q"].handler == "nowhere.handlers:handle"
+    with pytest.raises(DeclarationError, match=r"q\.handler.*cannot be imported"):
+        load_declaration(config)
+    with pytest.raises(DeclarationError, match="not an import path"):
+        parse_declaration({"lake_root": str(tmp_path), "queues": {"q": {"handler": "no path"}}}, import_code=False)
+    status = subprocess.run([sys.executable, "-m", "poison_pipeline.cli", "--config", str(config), "status"],
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr

@@ -75,8 +75,10 @@ def check_text_arguments(args: argparse.Namespace) -> None:
                                      f"character {error.start})") from None
 
 
-def declaration_of(args: argparse.Namespace) -> Declaration:
-    return load_declaration(args.config)
+def declaration_of(args: argparse.Namespace, *, import_code: bool = False) -> Declaration:
+    """The declaration `--config` names. Operator commands run no handler: the application's
+    modules are imported only when `import_code` (a command that calls a hook)."""
+    return load_declaration(args.config, import_code=import_code)
 
 
 def check_queue(declaration: Declaration, queue: str) -> None:

@@ -56,7 +56,7 @@ def add_parser(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    declaration = declaration_of(args)
+    declaration = declaration_of(args, import_code=True)  # it runs the clean-up hook
     try:
         queues = queues_to_end(declaration, args.conversation_id, args.code, args.description, args.actor,
                                args.queue)

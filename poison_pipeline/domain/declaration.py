@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from poison_pipeline.domain.envelope import shown
-from poison_pipeline.domain.imports import import_callable
+from poison_pipeline.domain.imports import IMPORT_CODE, check_path, import_callable, importing
 from poison_pipeline.domain.policy import Duration, Ordering, PoisonQueuePolicy, Policy
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.domain.user_code import DEFAULT_HOOK_TIMEOUT
@@ -216,15 +216,15 @@ class QueueDeclaration(BaseModel):
 
     @field_validator("handler")
     @classmethod
-    def _import_path(cls, value: str) -> str:
-        import_callable(value)
+    def _import_path(cls, value: str, info: ValidationInfo) -> str:
+        import_callable(value) if importing(info.context) else check_path(value)
         return value
 
     @field_validator("on_conversation_end")
     @classmethod
-    def _hook_path(cls, value: str | None) -> str | None:
+    def _hook_path(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
-            import_callable(value)
+            import_callable(value) if importing(info.context) else check_path(value)
         return value
 
     @property
@@ -235,9 +235,10 @@ class QueueDeclaration(BaseModel):
         return hashlib.sha1(terms.encode()).hexdigest()[:12]
 
     @model_validator(mode="after")
-    def _batch_handler_unordered(self) -> QueueDeclaration:
+    def _batch_handler_unordered(self, info: ValidationInfo) -> QueueDeclaration:
         # A batch call cannot hold the later messages of a conversation behind a failed earlier one.
-        if self.policy.ordering is Ordering.CONVERSATION and batch_size(import_callable(self.handler)):
+        if (importing(info.context) and self.policy.ordering is Ordering.CONVERSATION
+                and batch_size(import_callable(self.handler))):
             raise ValueError(
                 f"handler {self.handler} takes whole batches (@batch_handler), which cannot keep a "
                 "conversation in order: use a handler of one message with policy.ordering: conversation"
@@ -274,9 +275,9 @@ class Declaration(BaseModel):
 
     @field_validator("alert_hook")
     @classmethod
-    def _alert_hook_path(cls, value: str | None) -> str | None:
+    def _alert_hook_path(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
-            import_callable(value)
+            import_callable(value) if importing(info.context) else check_path(value)
         return value
 
     @field_validator("queues")
@@ -340,12 +341,15 @@ def _shown_input(loc: tuple[int | str, ...], value: object) -> object:
     return value
 
 
-def parse_declaration(data: Any, source: str = "<dict>", base_dir: Path | None = None) -> Declaration:
-    """Validate a declaration given as data; relative lake roots resolve against `base_dir`."""
+def parse_declaration(data: Any, source: str = "<dict>", base_dir: Path | None = None, *,
+                      import_code: bool = True) -> Declaration:
+    """Validate a declaration given as data; relative lake roots resolve against `base_dir`.
+    `import_code`: import the handlers, hooks and exception types it names (what running its queues
+    needs), each refused like any other invalid value; else only check how their paths are written."""
     if not isinstance(data, dict):
         raise DeclarationError(f"invalid declaration {source}: expected a mapping at the top level")
     try:
-        declaration = Declaration.model_validate(data)
+        declaration = Declaration.model_validate(data, context={IMPORT_CODE: import_code})
     except ValidationError as error:
         raise DeclarationError(_format(error, source)) from None
     root = declaration.lake_root
@@ -355,8 +359,9 @@ def parse_declaration(data: Any, source: str = "<dict>", base_dir: Path | None =
     return declaration
 
 
-def load_declaration(path: str | os.PathLike[str] | None = None) -> Declaration:
-    """Load the declaration from `path`, else $POISON_PIPELINE_CONFIG, else ./poison_pipeline.yaml."""
+def load_declaration(path: str | os.PathLike[str] | None = None, *, import_code: bool = True) -> Declaration:
+    """Load the declaration from `path`, else $POISON_PIPELINE_CONFIG, else ./poison_pipeline.yaml
+    (`import_code`: as parse_declaration's)."""
     chosen = declaration_path(path)
     if not chosen.is_file():
         raise DeclarationError(f"declaration file {chosen} does not exist")
@@ -366,7 +371,7 @@ def load_declaration(path: str | os.PathLike[str] | None = None) -> Declaration:
         raise DeclarationError(f"declaration {chosen} is not UTF-8 text (byte {error.start})") from None
     except yaml.YAMLError as error:
         raise DeclarationError(f"declaration {chosen} is not valid YAML: {error}") from None
-    return parse_declaration(data, str(chosen), chosen.parent)
+    return parse_declaration(data, str(chosen), chosen.parent, import_code=import_code)
 
 
 def declaration_path(path: str | os.PathLike[str] | None = None) -> Path:

@@ -6,10 +6,10 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from poison_pipeline.domain.durations import parse_duration
-from poison_pipeline.domain.imports import import_callable, import_exception
+from poison_pipeline.domain.imports import check_path, import_callable, import_exception, importing
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 
@@ -62,9 +62,9 @@ class Unrecoverable(_Strict):
 
     @field_validator("exceptions")
     @classmethod
-    def _exception_paths(cls, value: list[str]) -> list[str]:
+    def _exception_paths(cls, value: list[str], info: ValidationInfo) -> list[str]:
         for path in value:
-            import_exception(path)
+            import_exception(path) if importing(info.context) else check_path(path)
         return value
 
 
@@ -103,9 +103,9 @@ class Policy(_Strict):
 
     @field_validator("outage_errors")
     @classmethod
-    def _outage_exceptions(cls, value: list[str]) -> list[str]:
+    def _outage_exceptions(cls, value: list[str], info: ValidationInfo) -> list[str]:
         for path in value:
-            import_exception(path)
+            import_exception(path) if importing(info.context) else check_path(path)
         return value
 
     @field_validator("retry_cycle_delay", "dedup_window")
@@ -138,9 +138,9 @@ class PoisonQueuePolicy(_Strict):
 
     @field_validator("handler")
     @classmethod
-    def _handler_path(cls, value: str | None) -> str | None:
+    def _handler_path(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
-            import_callable(value)
+            import_callable(value) if importing(info.context) else check_path(value)
         return value
 
     @field_validator("receive_error_handling")
