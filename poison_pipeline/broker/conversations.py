@@ -108,21 +108,26 @@ def end_conversation(
     description: str,
     actor: str,
     now: datetime | None = None,
+    *,
+    clean_up: bool = True,
 ) -> EndResult:
     """End `conversation_id` in `queue` with an error; safe to call again (see the module doc).
 
     Raises ConversationError for an invalid request, before anything is written. A failing clean-up
     hook does not raise: the result carries `hook_error`, and the next call retries the hook.
+    `clean_up=False` leaves the hook to the caller's next step (a cycle runs hooks after its commit:
+    `retry_cleanups`), never inside a commit.
     """
     check_end_request(declaration, queue, conversation_id, code, description, actor)
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
     with queue_writer(tables, "end-conversation") as writer:
-        return _end_held(declaration, writer, conversation_id, code, description, actor, now or datetime.now(UTC))
+        return _end_held(declaration, writer, conversation_id, code, description, actor, now or datetime.now(UTC),
+                         clean_up)
 
 
 def _end_held(declaration: Declaration, writer: QueueWriter, conversation_id: str, code: int, description: str,
-              actor: str, now: datetime) -> EndResult:
+              actor: str, now: datetime, clean_up: bool) -> EndResult:
     tables = writer.tables
     queue = tables.queue
     record, already = _record_end(writer, EndRecord(conversation_id, code, description, actor, now))
@@ -132,7 +137,8 @@ def _end_held(declaration: Declaration, writer: QueueWriter, conversation_id: st
     unsent = _drop_pending_sends(declaration, writer, conversation_id, now)
     notified = _notify_senders(declaration, writer, record, now)
     hook = declaration.queue(queue).on_conversation_end
-    ran, ran_before, error = _clean_up(writer, hook, declaration.hook_timeout, record, actor, now)
+    ran, ran_before, error = (_clean_up(writer, hook, declaration.hook_timeout, record, actor, now) if clean_up
+                              else (False, False, None))
     return EndResult(queue, conversation_id, already, record.code, record.description, record.actor,
                      record.at, removed, notified, hook, ran, ran_before, error, unsent)
 

@@ -301,8 +301,9 @@ def _sample(ids: list[str], count: int) -> str:
 
 def end_failed_conversations(declaration: Declaration, tables: QueueTables, entry: JournalEntry) -> dict[str, float]:
     """End with an error every conversation whose message failed for good in this cycle under
-    `on_conversation_poison: end_conversation`: the rest of it leaves every table, its senders are
-    told, and the clean-up hook runs. Safe to repeat: ending is idempotent."""
+    `on_conversation_poison: end_conversation`: the rest of it leaves every table and its senders
+    are told; its clean-up hook runs after the commit (the cycle's `_after_commit`). Safe to
+    repeat: ending is idempotent."""
     heads = _staged(tables, entry).to_table(
         columns=["conversation_id", "message_id", "last_error_type", "last_error_message", "attempts"],
         filter=(pc.field("disposition") == Disposition.ENDED.value) & pc.field("conversation_id").is_valid(),
@@ -312,7 +313,6 @@ def end_failed_conversations(declaration: Declaration, tables: QueueTables, entr
     if heads.num_rows == 0:
         return {}
     code = declaration.queue(tables.queue).policy.conversation_error_code
-    hook_errors = 0
     done: set[str] = set()
     for row in heads.select(["conversation_id", "message_id", "last_error_type", "last_error_message"]).to_pylist():
         if row["conversation_id"] in done:
@@ -320,7 +320,6 @@ def end_failed_conversations(declaration: Declaration, tables: QueueTables, entr
         done.add(row["conversation_id"])
         description = (f"message {row['message_id']} could not be processed: "
                        f"{row['last_error_type']}: {row['last_error_message']}")[:MAX_DESCRIPTION]
-        result = end_conversation(declaration, tables.queue, row["conversation_id"], code, description,
-                                  actor="poison_pipeline")
-        hook_errors += result.hook_error is not None
-    return {"conversations_ended": len(done), "cleanup_hook_errors": hook_errors}
+        end_conversation(declaration, tables.queue, row["conversation_id"], code, description, actor="poison_pipeline",
+                         clean_up=False)
+    return {"conversations_ended": len(done)}

@@ -201,108 +201,159 @@ def run_cycle(
 
 def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWriter, table: str,
               now: datetime | None, run_id: str, complete_actions: ActionCompleter) -> CycleReport:
+    """The cycle's phases, in order, under the queue's lease: recover what a killed run of this
+    table left, complete interrupted operator actions, select what is due, screen it, deliver it,
+    commit, and after the commit run clean-up hooks and offer what was sent."""
     started = time.perf_counter()
-    tables, lease = writer.tables, writer.lease
-    queue = tables.queue
-    queue_decl = declaration.queue(queue)
-    report = CycleReport(queue, table)
-    # What every cycle reads first, loaded at once.
-    writer.prefetch([JOURNAL, table, EVENTS, ACTIONS, PLANS])
-    previous = read_entry(tables, table, snapshot=writer.latest_if_exists(JOURNAL))
-    seq = 1
-    if previous is not None:
-        seq = previous.seq if previous.state == "planned" else previous.seq + 1
-        if previous.state == "staged":
-            writer.check()
-            report.recovered = finish_staged(declaration, writer, previous, fresh=False)
-        elif previous.state == "planned":
-            remove_tree(previous.staging, tables.storage_options)  # a compute that died: nothing of it was committed
+    report = CycleReport(writer.tables.queue, table)
+    seq = _recover(declaration, writer, table, report)
     writer.check()
     report.interrupted = complete_actions(declaration, writer, run_id)
     settle_intake(writer)
-    state = queue_state(tables, snapshot=writer.latest_if_exists(EVENTS))
-    if not state.enabled:
-        report.skipped = f"queue {queue!r} is disabled: {state.reason}"
+    report.skipped = _closed(writer)
+    if report.skipped is not None:
         return report
     now = now or datetime.now(UTC)
-    retry_cleanups(declaration, writer, now)
-    stats = tables.stats(table, now, snapshot=writer.latest(table))
+    due = _select(writer, table, now, report)
+    if due is not None:
+        entry = _plan(writer, table, seq, run_id, now, due)
+        spec, deliver, held = _screen(spark, declaration, writer, table, now, run_id, entry, due)
+        inflight = writer.tables.work_uri("inflight", table, writer.lease.holder_id)
+        with held:
+            report.worker_deaths = _stage(deliver, spec, inflight)
+        report.seq = seq
+        report.counts = _commit(declaration, writer, entry)
+    _after_commit(declaration, writer, now, run_id, report, delivered=due is not None)
+    report.duration_s = time.perf_counter() - started
+    return report
+
+
+def _recover(declaration: Declaration, writer: QueueWriter, table: str, report: CycleReport) -> int:
+    """Finish the commit of a run of this table killed after staging, or drop what a run killed
+    before staging computed; the seq this cycle takes."""
+    tables = writer.tables
+    # What every cycle reads first, loaded at once.
+    writer.prefetch([JOURNAL, table, EVENTS, ACTIONS, PLANS])
+    previous = read_entry(tables, table, snapshot=writer.latest_if_exists(JOURNAL))
+    if previous is None:
+        return 1
+    if previous.state == "staged":
+        writer.check()
+        report.recovered = finish_staged(declaration, writer, previous, fresh=False)
+    elif previous.state == "planned":
+        remove_tree(previous.staging, tables.storage_options)  # a compute that died: nothing of it was committed
+    return previous.seq if previous.state == "planned" else previous.seq + 1
+
+
+def _closed(writer: QueueWriter) -> str | None:
+    """Why this queue takes nothing now (disabled), or None."""
+    tables = writer.tables
+    state = queue_state(tables, snapshot=writer.latest_if_exists(EVENTS))
+    return None if state.enabled else f"queue {tables.queue!r} is disabled: {state.reason}"
+
+
+def _select(writer: QueueWriter, table: str, now: datetime, report: CycleReport) -> TableStats | None:
+    """The table's due messages (its files and counts), or None when none is due."""
+    stats = writer.tables.stats(table, now, snapshot=writer.latest(table))
     if stats.oldest is not None:
         report.oldest_age_s = (now - stats.oldest).total_seconds()
     if not stats.due_files:
         report.skipped = "no message is due"
-        report.duration_s = time.perf_counter() - started
-        return report
+        return None
     # What a cycle with due messages reads and commits to, loaded at once.
     writer.prefetch([PROCESSED, ATTEMPTS, CONVERSATIONS, TRANSMISSION])
+    return stats
+
+
+def _plan(writer: QueueWriter, table: str, seq: int, run_id: str, now: datetime, due: TableStats) -> JournalEntry:
+    """The journal's record that this seq takes these batches, before anything is computed."""
+    # Per holder: a holder that lost its lease and still computes never writes where the next one stages.
+    entry = JournalEntry(seq, "planned", table, run_id, now.isoformat(), list(due.due_batches),
+                         writer.tables.work_uri("staging", table, f"{seq}-{writer.lease.holder_id}"))
+    write_entry(writer, entry)
+    return entry
+
+
+def _screen(spark: SessionSource, declaration: Declaration, writer: QueueWriter, table: str, now: datetime,
+            run_id: str, entry: JournalEntry, due: TableStats
+            ) -> tuple[CycleSpec, Callable[[CycleSpec], None], contextlib.ExitStack]:
+    """What delivery needs: the spec (duplicates, ended and blocked conversations found), the
+    delivery itself (beside the driver for a small cycle, a Spark job for a big one), and what the
+    big path caches for its job, to release once it is done."""
+    tables = writer.tables
+    queue_decl = declaration.queue(tables.queue)
     # A small cycle is delivered beside the driver, without a Spark job (engine/local.py).
-    local_delivery = stats.due_rows <= declaration.small_cycles.max_messages
+    local_delivery = due.due_rows <= declaration.small_cycles.max_messages
     if local_delivery:
         local.warm()  # the worker's fork server starts (once per process) while dedup runs
-    # Per holder: a holder that lost its lease and still computes never writes where the next one stages.
-    entry = JournalEntry(seq, "planned", table, run_id, now.isoformat(), list(stats.due_batches),
-                         tables.work_uri("staging", table, f"{seq}-{lease.holder_id}"))
-    write_entry(writer, entry)
     ordered = queue_decl.policy.ordering is Ordering.CONVERSATION
     window_start = (now - queue_decl.policy.dedup_window).date().isoformat()
     ledger = Ledger.within(tables, window_start, snapshot=writer.latest(PROCESSED))
     # A small cycle screens its messages with sets in its spec, found on the driver; a big one with
     # columns joined in Spark, so that nothing per message is collected on the driver.
-    small = local_delivery or stats.due_rows <= SMALL_BATCH
+    small = local_delivery or due.due_rows <= SMALL_BATCH
     batch: DataFrame | None = None
-    # What the big path caches for its delivery job, released once that job is done: a session
-    # serves many cycles (a Connect server, the warm launcher), and each would otherwise keep its own.
+    # A session serves many cycles (a Connect server, the warm launcher): what the big path caches
+    # for its delivery job is released once that job is done, or each cycle would keep its own.
     held = contextlib.ExitStack()
     # Delivered beside the driver, the rows are read once, for dedup and delivery: each due file
     # costs an open, and a queue fed by small enqueues has hundreds.
-    rows = local.read_due(stats.due_files, tables.storage_options) if local_delivery else None
+    rows = local.read_due(due.due_files, tables.storage_options) if local_delivery else None
     if small:
-        duplicates = find_duplicates(rows.select(_ID_COLUMNS) if rows is not None else _due_ids(tables, table, stats),
+        duplicates = find_duplicates(rows.select(_ID_COLUMNS) if rows is not None else _due_ids(tables, table, due),
                                      ledger)
     else:
         duplicates = Duplicates(frozenset(), frozenset())
         session = _session(spark)
-        batch = _due(session, tables, stats)
+        batch = _due(session, tables, due)
         batch = mark_ended(session, mark_duplicates(session, batch, ledger, held), tables)
         if ordered:
             batch = mark_blocked(session, batch, tables, table)
     spec = CycleSpec(
-        queue=queue,
+        queue=tables.queue,
         table=table,
         policy=queue_decl.policy,
         poison=queue_decl.poison_queue,
         handler=queue_decl.poison_queue.handler if table == "poison" else queue_decl.handler,
         now=now,
         # Short: Delta truncates string statistics at 64 characters and batches are found by them.
-        out_batch=f"{table}-{seq}-{run_id[:8]}",
+        out_batch=f"{table}-{entry.seq}-{run_id[:8]}",
         seen=duplicates.seen,
         losers=duplicates.losers,
         ended=frozenset(ended_conversations(tables, snapshot=writer.latest_if_exists(CONVERSATIONS)))
         if small else frozenset(),
-        blocked=blocked_conversations(tables, table, list(stats.due_batches)) if ordered and small else {},
-        guard=LeaseGuard.of(lease),
+        blocked=blocked_conversations(tables, table, list(due.due_batches)) if ordered and small else {},
+        guard=LeaseGuard.of(writer.lease),
         storage_options=tables.storage_options,
     )
     if rows is not None:
         rows = sorted_in_conversation_order(rows) if ordered else rows
-        deliver = functools.partial(local.stage, rows, staging=entry.staging)
-    else:
-        if batch is None:
-            batch = _due(_session(spark), tables, stats)
-        deliver = functools.partial(stage_on_spark, in_conversation_order(batch) if ordered else batch,
-                                    staging=entry.staging, null_columns=stats.null_columns)
-    with held:
-        report.worker_deaths = _stage(deliver, spec, tables.work_uri("inflight", table, lease.holder_id))
+        return spec, functools.partial(local.stage, rows, staging=entry.staging), held
+    if batch is None:
+        batch = _due(_session(spark), tables, due)
+    deliver = functools.partial(stage_on_spark, in_conversation_order(batch) if ordered else batch,
+                                staging=entry.staging, null_columns=due.null_columns)
+    return spec, deliver, held
+
+
+def _commit(declaration: Declaration, writer: QueueWriter, entry: JournalEntry) -> dict[str, float]:
+    """Record the staged results as staged (a kill from here on is finished by the next run, never
+    computed again), then apply them to the tables."""
     writer.check()
     entry.state = "staged"
     write_entry(writer, entry)
-    report.seq = seq
-    report.counts = finish_staged(declaration, writer, entry, fresh=True)
-    if pending_count(tables, snapshot=writer.latest_if_exists(TRANSMISSION)):
-        # What this cycle's handlers sent is offered to its targets in the same run.
+    return finish_staged(declaration, writer, entry, fresh=True)
+
+
+def _after_commit(declaration: Declaration, writer: QueueWriter, now: datetime, run_id: str, report: CycleReport,
+                  delivered: bool) -> None:
+    """What follows the commit and never undoes it: the clean-up hooks of ended conversations that
+    have not run through (this cycle's and earlier ones'), and, after a delivery, what its handlers
+    sent offered to its targets."""
+    tables = writer.tables
+    retry_cleanups(declaration, writer, now)
+    if delivered and pending_count(tables, snapshot=writer.latest_if_exists(TRANSMISSION)):
         writer.check()
-        sent = transmit(declaration, queue, now, run_id)
+        sent = transmit(declaration, tables.queue, now, run_id)
         report.counts.update({"transmitted": sum(sent.delivered.values()), "conversation_errors": len(sent.failures),
                               "unsent": sent.unsent})
-    report.duration_s = time.perf_counter() - started
-    return report
