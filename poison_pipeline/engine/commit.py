@@ -182,8 +182,8 @@ def apply_staged(writer: QueueWriter, entry: JournalEntry, cycle: int,
 
 
 def _hashed(rows: pa.Table) -> pa.Table:
-    """Rows with their id hash: staged without it (a small cycle's, or one recovered across an
-    upgrade from before the ledger kept it), they are hashed here."""
+    """Rows with their id hash. Both delivery paths stage it; results staged by a version from
+    before the ledger kept it, and recovered after an upgrade, are hashed here."""
     if rows[HASH_COLUMN].null_count == 0:
         return rows
     return rows.set_column(rows.schema.get_field_index(HASH_COLUMN), HASH_COLUMN,

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from poison_pipeline.engine import staged, watchdog
 from poison_pipeline.engine.batch import CycleSpec, Processor
+from poison_pipeline.engine.id_hashes import HASH_COLUMN, id_hashes
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.journal import remove_tree
 from poison_pipeline.storage.uri import fs_of, fs_of_all, whole_in
@@ -185,8 +186,8 @@ def stage(rows: pa.Table, spec: CycleSpec, staging: str) -> None:
     remove_tree(staging, spec.storage_options)
     fs, path = fs_of(staging, spec.storage_options)
     fs.create_dir(path, recursive=True)
-    # Unhashed: the commit hashes the ids of the few messages a small cycle processes.
-    results = payload.append_column(staged.STAGED.field("id_hash"), pa.nulls(payload.num_rows, pa.int64()))
+    # Hashed here, as Spark's tasks stage them: the commit takes either path's results as they are.
+    results = payload.append_column(staged.STAGED.field(HASH_COLUMN), id_hashes(payload["message_id"].to_pylist()))
     for prefix, part in zip((staged.LEDGER_PREFIX, staged.MOVED_PREFIX), staged.split(results), strict=True):
         with whole_in(fs, f"{path}/{prefix}00000.parquet") as file:
             pq.write_table(part, file, **staged.FILE_OPTIONS)

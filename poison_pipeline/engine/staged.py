@@ -21,8 +21,8 @@ from poison_pipeline.storage.uri import fs_of
 
 Rows = TypeVar("Rows", pa.RecordBatch, pa.Table)
 
-# A staged row: the Processor's result and, for the processed ledger, the id hash (null in rows
-# staged without it: a small cycle's, hashed by the commit).
+# A staged row: the Processor's result and, for the processed ledger, the id hash (both delivery
+# paths stage it; null only in rows an older version staged, hashed by the commit).
 STAGED = schemas.RESULT.append(schemas.PROCESSED.field("id_hash"))
 _KEPT = frozenset(schemas.PROCESSED.names) | {"destination", "disposition", "reason", "attempts", "sent"}
 LEDGER = pa.schema([f for f in STAGED if f.name in _KEPT])
