@@ -28,10 +28,12 @@ azurite:
 demo: java $(STAMP)
 	$(BIN)/python -m poison_pipeline.demo
 
-# The default suite first (it stops there on a failure), the bounded model-based test (a process of
-# its own: it patches delta-rs to count commits), then the slower end-to-end tests.
+# The linter and the type checker (pyproject.toml: strict on domain/ and operations/), the default
+# suite (it stops there on a failure), the bounded model-based test (a process of its own: it
+# patches delta-rs to count commits), then the slower end-to-end tests.
 test: java browser azurite $(STAMP)
 	$(BIN)/ruff check poison_pipeline poison_pipeline_tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/pytest -q -m "not e2e and not model"
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -q -p no:cacheprovider -m model poison_pipeline_tests/test_model.py
 	$(BIN)/pytest -q -m "e2e and not model"

@@ -219,12 +219,12 @@ def _transmit_held(declaration: Declaration, writer: QueueWriter, now: datetime)
     if leaving:
         touched = sorted({r["batch_id"] for r in ordered if r["message_id"] in leaving})
         keep = ~pads.field("message_id").isin(sorted(leaving))
-        copies = None
+        again: pa.Table | None = None
         if resent:
-            copies = pa.Table.from_pylist([{**r, "batch_id": touched[0]} for r in resent], schema=schemas.TRANSMISSION)
-        writer.replace_batches(TRANSMISSION, touched, keep, snapshot=snapshot, add=copies)
-    for failure in result.failures:
-        end_conversation(declaration, queue, failure.conversation_id, failure.code, failure.description,
+            again = pa.Table.from_pylist([{**r, "batch_id": touched[0]} for r in resent], schema=schemas.TRANSMISSION)
+        writer.replace_batches(TRANSMISSION, touched, keep, snapshot=snapshot, add=again)
+    for failed in result.failures:
+        end_conversation(declaration, queue, failed.conversation_id, failed.code, failed.description,
                          actor="poison_pipeline")
     return result
 

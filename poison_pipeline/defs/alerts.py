@@ -192,7 +192,8 @@ def _raised_by_runs(context: SensorEvaluationContext, sensor_name: str, op_name:
                                          limit=1)
         if not runs:
             return None
-        events = (runs[0].run_config or {}).get("ops", {}).get(op_name, {}).get("config", {}).get("events", [])
+        config: Any = runs[0].run_config or {}
+        events = config.get("ops", {}).get(op_name, {}).get("config", {}).get("events", [])
         return {event["event_id"] for event in events if isinstance(event, dict) and "event_id" in event}
 
     return raised

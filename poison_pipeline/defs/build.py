@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dagster import Definitions, in_process_executor
 
 from poison_pipeline.defs.alerts import (
@@ -23,7 +25,11 @@ from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
 
 def build_definitions(declaration: Declaration) -> Definitions:
-    assets, checks, jobs, sensors, schedules = [], [], [], [], []
+    assets: list[Any] = []
+    checks: list[Any] = []
+    jobs: list[Any] = []
+    sensors: list[Any] = []
+    schedules: list[Any] = []
     for queue in declaration.queues:
         assets.extend(queue_assets(declaration, queue))
         checks.append(queue_checks(declaration, queue))

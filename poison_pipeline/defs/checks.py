@@ -5,6 +5,7 @@ once its cycle has committed; run alone (the UI's "Execute checks"), it checks t
 """
 
 from collections.abc import Iterator
+from typing import cast
 
 from dagster import (
     AssetCheckEvaluation,
@@ -77,7 +78,7 @@ def _previous_rows(context: AssetCheckExecutionContext, key: AssetCheckKey) -> i
         evaluation = entry.event_specific_data if entry is not None else None
         if record.run_id != context.run.run_id and isinstance(evaluation, AssetCheckEvaluation):
             value = evaluation.metadata.get("rows")
-            return int(value.value) if value is not None else None
+            return int(cast(int, value.value)) if value is not None else None
     return None
 
 

@@ -2,6 +2,7 @@
 days sends that range's failures back into the queue's inbound in one run (operations/redrive.py,
 the code the CLI runs)."""
 
+import functools
 import math
 from collections import Counter
 from datetime import datetime
@@ -181,7 +182,7 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
             result = _recorded(declaration, queue, redrive(
                 declaration, queue, source, selection, rate=rate, limit=remaining, force=config.force,
                 redrive_id=redrive_id(root, source), actor=actor, run_id=context.run.run_id,
-                progress=lambda moved, total, s=source: context.log.debug(f"{queue}/{s}: {moved} of {total}")))
+                progress=functools.partial(_log_progress, context, f"{queue}/{source}")))
             context.log.info(f"{queue}/{source} -> {queue}/{INBOUND}: moved {result.moved} of {result.selected} "
                              f"selected ({result.redrive_id}{', completed earlier' if result.already_done else ''})")
             results.append(result)
@@ -201,3 +202,6 @@ def redrive_job(queue: str) -> "UnresolvedAssetJobDefinition":
         description=f"Redrives the failures of the chosen days back into {queue}/{INBOUND}.",
     )
 
+
+def _log_progress(context: AssetExecutionContext, moving: str, moved: int, total: int) -> None:
+    context.log.debug(f"{moving}: {moved} of {total}")

@@ -186,11 +186,11 @@ def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDe
         cursor = parse_cursor(context.cursor)
         failed = run_ended_badly(context.instance, cursor.get("last_run_key"))
         decision = decide(tables, table, cursor, datetime.now(UTC), failed)
-        cursor = json.dumps(decision.cursor, sort_keys=True)
+        kept = json.dumps(decision.cursor, sort_keys=True)
         if decision.run_key is None:
-            return SensorResult(skip_reason=SkipReason(decision.skip), cursor=cursor)
+            return SensorResult(skip_reason=SkipReason(decision.skip), cursor=kept)
         request = RunRequest(run_key=decision.run_key, tags={QUEUE_TAG: queue})
-        return SensorResult(run_requests=[request], cursor=cursor)
+        return SensorResult(run_requests=[request], cursor=kept)
 
     return evaluate
 
@@ -231,10 +231,10 @@ def transmission_sensor(declaration: Declaration, queue: str) -> SensorDefinitio
         cursor = parse_cursor(context.cursor)
         failed = run_ended_badly(context.instance, cursor.get("last_run_key"))
         decision = decide_transmission(declaration, queue, cursor, datetime.now(UTC), failed)
-        cursor = json.dumps(decision.cursor, sort_keys=True)
+        kept = json.dumps(decision.cursor, sort_keys=True)
         if decision.run_key is None:
-            return SensorResult(skip_reason=SkipReason(decision.skip), cursor=cursor)
+            return SensorResult(skip_reason=SkipReason(decision.skip), cursor=kept)
         return SensorResult(run_requests=[RunRequest(run_key=decision.run_key, tags={QUEUE_TAG: queue})],
-                            cursor=cursor)
+                            cursor=kept)
 
     return evaluate

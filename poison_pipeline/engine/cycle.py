@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, cast
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -164,7 +164,8 @@ SessionSource = SparkSession | Callable[[], SparkSession]
 
 
 def _session(spark: SessionSource) -> SparkSession:
-    return spark if hasattr(spark, "read") else spark()  # type: ignore[operator]
+    # Not isinstance: a Spark Connect session is a class of its own.
+    return cast(SparkSession, spark) if hasattr(spark, "read") else cast(Callable[[], SparkSession], spark)()
 
 
 def run_cycle(

@@ -165,17 +165,17 @@ def _job_settings(spark: SparkSession, settings: dict[str, str]) -> Iterator[Non
     """`settings` for the job run inside, and only that job: the session's other groupings (counts
     per failure group, per file) have few keys, where the partial aggregation is what makes them
     cheap, and its other shuffles keep their own partitions."""
-    before = {key: spark.conf.get(key, None) for key in settings}
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
     for key, value in settings.items():
         spark.conf.set(key, value)
     try:
         yield
     finally:
-        for key, value in before.items():
-            if value is None:
+        for key, earlier in before.items():
+            if earlier is None:
                 spark.conf.unset(key)
             else:
-                spark.conf.set(key, value)
+                spark.conf.set(key, earlier)
 
 
 def _twins(ids: DataFrame) -> DataFrame | None:

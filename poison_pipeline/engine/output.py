@@ -57,7 +57,7 @@ class _Capped:
 
     def write(self, data: Any) -> int:
         if _attempt.label is None:  # between attempts: the worker's own output
-            return self._raw.write(data)  # type: ignore[no-any-return]
+            return self._raw.write(data)
         if _attempt.counted is not _attempt.label:  # the attempt's first write
             _attempt.counted = _attempt.label
             _attempt.left = {"stdout": LIMIT, "stderr": LIMIT}
@@ -65,7 +65,7 @@ class _Capped:
         left = _attempt.left[self._name]
         if size <= left:
             _attempt.left[self._name] = left - size
-            return self._raw.write(data)  # type: ignore[no-any-return]
+            return self._raw.write(data)
         if left > 0:
             self._raw.write(data[:left])
             notice = (f"\n[poison_pipeline] the handler wrote more than {LIMIT} characters to {self._name} in "

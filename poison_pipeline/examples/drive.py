@@ -59,7 +59,7 @@ class Driver:
                 waiting = waiting or bool(cursor.get("waiting") and not cursor.get("disabled"))
                 for request in result.run_requests or []:
                     launched += 1
-                    self._run(sensor.job_name, request)
+                    self._run(str(request.job_name or sensor.job_name), request)
             runs += launched
             if not launched and not waiting:
                 return runs

@@ -65,7 +65,7 @@ def account_messages(users: int, rng: random.Random, orders_first: float = 0.8) 
     rng.shuffle(records)
     slots: dict[str, list[int]] = {}
     for position, record in enumerate(records):
-        slots.setdefault(record["conversation_id"], []).append(position)
+        slots.setdefault(str(record["conversation_id"]), []).append(position)
     for first, second in slots.values():
         order_first = rng.random() < orders_first
         a, b = records[first], records[second]

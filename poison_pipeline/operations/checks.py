@@ -153,4 +153,5 @@ def _oldest_due(tables: QueueTables, table: str) -> datetime | None:
     actions = pa.table(tables.open(table).get_add_actions(flatten=True))
     if actions.num_rows == 0 or "min.due_at" not in actions.column_names:
         return None
-    return pc.min(actions["min.due_at"]).as_py()
+    oldest: datetime | None = pc.min(actions["min.due_at"]).as_py()
+    return oldest

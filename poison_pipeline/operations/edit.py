@@ -33,7 +33,7 @@ import pyarrow.dataset as pads
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
 from poison_pipeline.domain.paths import operator_id
-from poison_pipeline.domain.routing import INBOUND
+from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
 from poison_pipeline.operations.actions import (
     ABANDONED,
     DONE,
@@ -46,7 +46,7 @@ from poison_pipeline.operations.actions import (
     queue_recording,
 )
 from poison_pipeline.operations.redrive import Replacement, redrive
-from poison_pipeline.operations.selection import FAILURE_TABLES, Selection
+from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import EDITS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
@@ -228,6 +228,8 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
                 action = begin_action(writer, "edit", actor, arguments, touched, action_id=edit_id,
                                       run_id=run_id, now=at)
             _record(writer, edit_id, row)
+        # The edit's record is begun before its row is written: a row means a record.
+        assert action is not None, f"edit {edit_id} has a row but no record"
         new_headers = dict(row["new_headers"] or [])
         sent = redrive(declaration, queue, source, Selection(ids=(message_id,)), redrive_id=redrive_id,
                        force=True, actor=action.actor, run_id=run_id, now=now,

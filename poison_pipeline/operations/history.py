@@ -114,14 +114,14 @@ def _first_enqueue(declaration: Declaration, message_id: str, events: list[Journ
                    enqueued: list[tuple[datetime, str]]) -> JourneyEvent | None:
     """When it was enqueued: from a row that still holds its envelope, else from the table of its
     first attempt as it was when that attempt started (Delta time travel: the row was there then)."""
-    attempts = sorted((e for e in events if e.kind == "attempt" and e.at is not None), key=lambda e: e.at)
+    timed = sorted(((e.at, e) for e in events if e.kind == "attempt" and e.at is not None), key=lambda pair: pair[0])
     batch = None
-    if attempts:
-        first = attempts[0]
+    if timed:
+        first_at, first = timed[0]
         tables = QueueTables.of(declaration, first.queue)
         try:
             then = tables.open(first.table or "")
-            then.load_as_version(first.at)
+            then.load_as_version(first_at)
             rows = then.to_pyarrow_dataset().to_table(
                 filter=pads.field("message_id") == message_id).to_pylist()
         except Exception:  # vacuumed or never there: the envelope rows, if any, still say

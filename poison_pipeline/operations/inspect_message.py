@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.dataset as pads
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
@@ -197,8 +196,9 @@ def _rows(tables: QueueTables, table: str, message_id: str, as_of: AsOf = None) 
     target = _at(tables, table, as_of)
     if target is None:
         return []
-    found: pa.Table = target.to_pyarrow_dataset().to_table(filter=pads.field("message_id") == message_id)
-    return found.to_pylist()
+    found: list[dict[str, Any]] = target.to_pyarrow_dataset().to_table(
+        filter=pads.field("message_id") == message_id).to_pylist()
+    return found
 
 
 def _edit(row: dict[str, Any]) -> EditView:

@@ -361,4 +361,5 @@ def format_purge(result: PurgeResult) -> str:
 
 def result_json(result: PurgeResult) -> dict[str, Any]:
     """The stable JSON of a purge (README, "Operators")."""
-    return json.loads(json.dumps(asdict(result), default=lambda v: v.isoformat()))
+    stable: dict[str, Any] = json.loads(json.dumps(asdict(result), default=lambda v: v.isoformat()))
+    return stable

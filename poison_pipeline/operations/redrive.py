@@ -93,7 +93,7 @@ class RedriveRequest:
     replace: tuple[tuple[str, Replacement], ...] = ()  # message id -> its new body and headers
 
     def arguments(self) -> dict[str, Any]:
-        arguments = {"queue": self.queue, "from": self.source, "to": self.to,
+        arguments: dict[str, Any] = {"queue": self.queue, "from": self.source, "to": self.to,
                      "selection": self.selection.arguments(), "rate": self.rate, "limit": self.limit,
                      "force": self.force}
         if self.replace:
@@ -296,6 +296,7 @@ def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter,
                    {request.source: table_version(tables, request.source)})
         in_place = rows  # read under the lease a moment ago: nothing moved since
     else:
+        assert recorded is not None  # a plan is read only for a recorded action
         action, rows = recorded, plan.rows
         counts = json.loads(rows["plan_counts"][0].as_py()) if rows.num_rows else {}
         in_place = still_in_place(tables, request.source, rows, "source_batch_id",

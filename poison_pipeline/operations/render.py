@@ -14,9 +14,9 @@ from rich.table import Table
 
 def render(table: Table) -> str:
     width = max(shutil.get_terminal_size((160, 24)).columns, 100)
-    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
-    console.print(table)
-    return console.file.getvalue().rstrip("\n")  # type: ignore[attr-defined]
+    written = io.StringIO()
+    Console(file=written, width=width, color_system=None, force_terminal=False).print(table)
+    return written.getvalue().rstrip("\n")
 
 
 def when(moment: datetime | None) -> str:

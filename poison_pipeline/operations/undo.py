@@ -184,7 +184,8 @@ def _complete(writer: QueueWriter, record: Action, action: Action, result: UndoR
     if record.state != DONE:
         finish_action(writer, Action(**{**record.__dict__, "arguments": {**record.arguments, "how": result.how}}),
                       {"restored": result.restored, "unrecoverable": len(result.unrecoverable)}, touched)
-    if find_action(tables, action.action_id).state != UNDONE:
+    recorded = find_action(tables, action.action_id)
+    if recorded is None or recorded.state != UNDONE:
         mark_undone(writer, action)
 
 
@@ -309,7 +310,8 @@ def _as_of_files(tables: QueueTables, table: str, version: int | None) -> tuple[
     except Exception as error:  # delta-rs raises several kinds for a version it cannot load
         raise _LogGone(f"{type(error).__name__}: {error}") from None
     dataset = old.to_pyarrow_dataset()
-    fragments, missing = [], []
+    fragments: list[pads.Fragment] = []
+    missing: list[str] = []
     for fragment in dataset.get_fragments():
         there = dataset.filesystem.get_file_info(fragment.path).type != pafs.FileType.NotFound
         (fragments if there else missing).append(fragment if there else fragment.path)

@@ -106,8 +106,8 @@ def worker_of(instance: DagsterInstance, run: DagsterRun) -> tuple[int, int | No
     launched by another launcher); None when neither is known yet."""
     tag = run.tags.get(WORKER_TAG)
     if tag:
-        pid, _, start = tag.partition(":")
-        return int(pid), int(start) if start.isdigit() else None
+        pid_text, _, start = tag.partition(":")
+        return int(pid_text), int(start) if start.isdigit() else None
     pid = logged_pid(instance, run.run_id)
     return (pid, None) if pid is not None else None
 

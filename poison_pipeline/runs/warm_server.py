@@ -47,6 +47,7 @@ def _instance_modules(instance_ref: Any) -> list[str]:
 
 def load(origin_json: str, instance_ref_json: str, preload: Sequence[str]) -> CodeFiles:
     """Import what a run imports and load the code location; what was read from disk to do so."""
+    from dagster._core.origin import RepositoryPythonOrigin
     from dagster._serdes import deserialize_value
     from dagster._utils.hosted_user_process import recon_repository_from_origin
 
@@ -55,7 +56,7 @@ def load(origin_json: str, instance_ref_json: str, preload: Sequence[str]) -> Co
     importlib.import_module("dagster._cli.api")
     for module in [*_instance_modules(deserialize_value(instance_ref_json)), *preload]:
         importlib.import_module(module)
-    recon_repository_from_origin(deserialize_value(origin_json)).get_definition()
+    recon_repository_from_origin(deserialize_value(origin_json, RepositoryPythonOrigin)).get_definition()
     return CodeFiles(extra=[str(declaration_path())])
 
 

@@ -320,8 +320,8 @@ def land(declaration: Declaration, queue: str, parsed: Parsed, others: list[tupl
     for position in np.flatnonzero(~keep).tolist():
         line = int(lines[position])
         message_id = table["message_id"][position].as_py()
-        error = f"message_id: {message_id!r} appears twice in this batch"
-        result.refused.append(Refusal(line, message_id, error, raw_of(line)[:1000]))
+        repeated = f"message_id: {message_id!r} appears twice in this batch"
+        result.refused.append(Refusal(line, message_id, repeated, raw_of(line)[:1000]))
     result.refused.sort(key=lambda refusal: refusal.line)
     accepted = table if keep.all() else table.filter(pa.array(keep))  # a filter copies every body
     if accepted.num_rows:

@@ -22,6 +22,7 @@ brackets (nesting), lines that do not start with `{`, and any line pyarrow's JSO
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -327,7 +328,7 @@ def _read_lines(texts: pa.Array, wanted: np.ndarray, kind: np.ndarray) -> tuple[
     for body_kind in (_OBJECT, _LIST, _TEXT):
         rows = np.flatnonzero(wanted & (kind == body_kind))
         if len(rows):
-            read, found = _read(texts, rows, lambda table, k=body_kind: _vouched(table, k))
+            read, found = _read(texts, rows, functools.partial(_vouched, kind=body_kind))
             ok[read] = True
             pieces += found
     return _scatter(len(texts), pieces, _HEAD), ok

@@ -16,7 +16,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from deltalake import ColumnProperties, DeltaTable, WriterProperties
 from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import RemoveAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings
 from poison_pipeline.domain.paths import lake_path, segment
@@ -148,7 +148,7 @@ def _whole_due_files(due: np.ndarray, files: np.ndarray, batches: pa.Array) -> n
 
 
 def whole_file_removes(target: DeltaTable, ids: pa.Array, read: Callable[[list[str]], pa.Table]
-                        ) -> list[RemoveAction] | None:
+                        ) -> list[AddAction | RemoveAction] | None:
     """The remove actions that delete the batches `ids` by dropping whole files, when every file
     holding one of them holds nothing else: the log's statistics show it for a file of one batch
     (every append writes its batch to files of its own); a file of several (compacted) is checked
@@ -351,7 +351,11 @@ class QueueTables:
         rows = actions["num_records"].combine_chunks()
         oldest_col = f"min.{_ARRIVAL.get(table, 'entered_at')}"
         oldest = pc.min(actions[oldest_col]).as_py() if oldest_col in actions.column_names else None
-        due_rows, due_files, due_batches, next_due, null_columns, due_sizes = 0, (), (), None, (), ()
+        due_rows, next_due = 0, None
+        due_files: tuple[str, ...] = ()
+        due_batches: tuple[str, ...] = ()
+        null_columns: tuple[str, ...] = ()
+        due_sizes: tuple[int, ...] = ()
         if "max.due_at" in actions.column_names:
             dues = actions["max.due_at"].combine_chunks()
             due = pc.fill_null(pc.less_equal(dues, pa.scalar(now).cast(dues.type)), False).to_numpy(

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -329,7 +329,7 @@ class QueueWriter(Committer):
             raise
 
     def overwrite_where(self, table: str, rows: pa.Table, predicate: str, doing: str,
-                        schema_mode: str | None = None) -> None:
+                        schema_mode: Literal["merge", "overwrite"] | None = None) -> None:
         """Replace the rows matching `predicate` (SQL over the table's own columns, built by the
         caller from quoted values) with `rows`, in one commit."""
         self.check()
