@@ -59,7 +59,7 @@ def test_undo_after_later_commits_moves_back_what_is_still_there_and_names_the_r
     declaration, _ = lake
     now = datetime.now(UTC)
     done = redrive(declaration, "q", "poison", WITHDRAWALS, rate=0.05, now=now)  # db-0 due now, the others later
-    assert not enqueue(declaration, "q", [{"message_id": "new-1", "message_type": "t", "body": {}}]).refused
+    assert not enqueue(declaration, "q", [{"message_id": "new-1", "message_type": "t", "body": {}}], now=now).refused
     run_cycle(spark, declaration, "q", "inbound", now=now + timedelta(seconds=1))  # processes db-0 and new-1
     result = undo(declaration, done.action_id)
     assert result.how == "compensate"
@@ -198,7 +198,7 @@ def test_undo_of_an_edit_after_an_enqueue_moves_the_message_back(lake):  # noqa:
     declaration, log = lake
     original = body_of(declaration, "poison", "db-0")
     edit_id = edited(declaration, log)
-    assert not enqueue(declaration, "q", [{"message_id": "new-1", "message_type": "t", "body": {}}]).refused
+    assert not enqueue(declaration, "q", [{"message_id": "new-1", "message_type": "t", "body": {}}], now=now).refused
     result = undo(declaration, edit_id)
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 1, [])
     assert body_of(declaration, "poison", "db-0") == original
