@@ -198,7 +198,7 @@ def test_undo_of_an_edit_after_an_enqueue_moves_the_message_back(lake):  # noqa:
     declaration, log = lake
     original = body_of(declaration, "poison", "db-0")
     edit_id = edited(declaration, log)
-    assert not enqueue(declaration, "q", [{"message_id": "new-1", "message_type": "t", "body": {}}], now=now).refused
+    assert not enqueue(declaration, "q", [{"message_id": "new-1", "message_type": "t", "body": {}}]).refused
     result = undo(declaration, edit_id)
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 1, [])
     assert body_of(declaration, "poison", "db-0") == original
