@@ -41,7 +41,7 @@ from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse
 from poison_pipeline.domain.routing import POISON, PROCESSED, QUARANTINE  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
 from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
-from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+from poison_pipeline.operations.records import enqueue  # noqa: E402
 from poison_pipeline.storage.tables import QueueTables  # noqa: E402
 
 DRAIN_TARGET = 2.5

@@ -40,8 +40,8 @@ from poison_pipeline.operations.checks import (  # noqa: E402
     check_oldest_waiting,
     check_one_place,
 )
+from poison_pipeline.operations.records import enqueue, message_rows  # noqa: E402
 from poison_pipeline.storage import schemas  # noqa: E402
-from poison_pipeline.storage.enqueue import enqueue, message_rows  # noqa: E402
 from poison_pipeline.storage.intake import record_intake  # noqa: E402
 from poison_pipeline.storage.tables import PURGED, QueueTables  # noqa: E402
 from poison_pipeline.storage.writer import QueueWriter, queue_writer  # noqa: E402

@@ -35,7 +35,7 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus  # noqa:
 from poison_pipeline.defs.naming import job_name  # noqa: E402
 from poison_pipeline.defs.resources import REMOTE_ENV  # noqa: E402
 from poison_pipeline.domain.declaration import SparkSettings, load_declaration  # noqa: E402
-from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+from poison_pipeline.operations.records import enqueue  # noqa: E402
 
 TARGET_S = 3.0
 MESSAGES = 100

@@ -5,8 +5,8 @@ Data (not timed): `--messages` envelopes written as a JSON Lines file the way a 
 - `floor`: pyarrow's JSON reader over the file and one `write_deltalake` of what it read (same row
   group size as the product): the fastest honest way to land those lines in a Delta table, with no
   validation at all;
-- `python_file`: `storage.enqueue.enqueue(declaration, queue, path)`, the Python API given the file;
-- `python`: `storage.enqueue.enqueue(declaration, queue, path.read_text().splitlines())`, the Python
+- `python_file`: `operations.records.enqueue(declaration, queue, path)`, the Python API given the file;
+- `python`: `operations.records.enqueue(declaration, queue, path.read_text().splitlines())`, the Python
   API given the lines as texts (reading and splitting the file included);
 - `python_dicts`: the Python API given the envelopes as decoded dicts (decoded before the clock):
   what an application that builds its messages in Python hands over;
@@ -40,7 +40,7 @@ import bench_handler  # noqa: E402
 from cycle_throughput import emit  # noqa: E402
 
 from poison_pipeline.domain.declaration import parse_declaration  # noqa: E402
-from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+from poison_pipeline.operations.records import enqueue  # noqa: E402
 
 QUEUE = "bench"
 TARGET = 200_000

@@ -39,8 +39,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND
+from poison_pipeline.operations.records import parse_texts, waiting_rows
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.enqueue import parse_texts, waiting_rows
 from poison_pipeline.storage.intake import _BATCH_KEY, ENQUEUE, ensure_intake
 from poison_pipeline.storage.message_ids import note_ids
 from poison_pipeline.storage.tables import INTAKE, WRITER, QueueTables

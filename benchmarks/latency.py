@@ -81,7 +81,7 @@ class Feeder:
         self.poison: set[str] = set()
 
     def run(self) -> None:
-        from poison_pipeline.storage.enqueue import enqueue
+        from poison_pipeline.operations.records import enqueue
 
         # One call per message at a slow rate, as an application sends them; at a fast one, a call
         # every 0.1 s with what arrived since the last (no store takes 1,000 commits a second).

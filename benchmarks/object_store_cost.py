@@ -59,7 +59,7 @@ from poison_pipeline.operations.checks import (  # noqa: E402
     check_one_place,
 )
 from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
-from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+from poison_pipeline.operations.records import enqueue  # noqa: E402
 from poison_pipeline.storage.tables import QueueTables  # noqa: E402
 from poison_pipeline.storage.uri import fs_of  # noqa: E402
 from poison_pipeline_tests import s3_support  # noqa: E402

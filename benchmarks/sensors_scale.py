@@ -47,10 +47,10 @@ from poison_pipeline.domain.alerts import MESSAGES_FAILED  # noqa: E402
 from poison_pipeline.domain.declaration import Declaration  # noqa: E402
 from poison_pipeline.domain.routing import INBOUND, PROCESSED  # noqa: E402
 from poison_pipeline.engine.dedup import HASH_COLUMN, id_hashes  # noqa: E402
+from poison_pipeline.operations.records import enqueue  # noqa: E402
 from poison_pipeline.storage import schemas  # noqa: E402
 from poison_pipeline.storage.column_cache import noted_files, notes_file  # noqa: E402
 from poison_pipeline.storage.control import event_row  # noqa: E402
-from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
 from poison_pipeline.storage.events import append_events, events_cache, note_events  # noqa: E402
 from poison_pipeline.storage.intake import record_intake  # noqa: E402
 from poison_pipeline.storage.message_ids import IDS, ids_cache, note_ids  # noqa: E402

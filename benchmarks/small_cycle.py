@@ -42,7 +42,7 @@ from poison_pipeline.engine import local  # noqa: E402
 from poison_pipeline.engine import recovery as recovery_module  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
 from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
-from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+from poison_pipeline.operations.records import enqueue  # noqa: E402
 from poison_pipeline.storage.lease import Lease  # noqa: E402
 from poison_pipeline.storage.tables import INTAKE, QueueTables  # noqa: E402
 

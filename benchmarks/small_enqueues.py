@@ -42,7 +42,7 @@ from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse
 from poison_pipeline.engine.session import build_session  # noqa: E402
 from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
 from poison_pipeline.operations.maintenance import maintain  # noqa: E402
-from poison_pipeline.storage.enqueue import enqueue  # noqa: E402
+from poison_pipeline.operations.records import enqueue  # noqa: E402
 from poison_pipeline.storage.tables import INTAKE, QueueTables  # noqa: E402
 
 TARGET_RATIO = 1.5

@@ -19,7 +19,7 @@ from poison_pipeline.examples.generate import (
     order_messages,
     presentation_messages,
 )
-from poison_pipeline.storage.enqueue import EnqueueResult, enqueue
+from poison_pipeline.operations.records import EnqueueResult, enqueue
 
 # A conversation's lifetime for checkout's shipments: long enough that none expires in the soak
 # (expiry and resends are the demo's scenario, not load).

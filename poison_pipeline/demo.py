@@ -21,7 +21,7 @@ from poison_pipeline.examples import scenarios
 from poison_pipeline.examples.drive import Driver
 from poison_pipeline.examples.generate import inventory_messages, order_messages
 from poison_pipeline.operations.conservation import conservation
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.tables import QueueTables
 
 

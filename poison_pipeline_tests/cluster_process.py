@@ -19,7 +19,7 @@ from poison_pipeline.defs.naming import job_name
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.engine.session import build_session
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 
 QUEUE = "q"
 

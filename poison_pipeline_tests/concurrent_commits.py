@@ -7,7 +7,7 @@ import json
 from multiprocessing import Queue
 
 from poison_pipeline.domain.declaration import parse_declaration
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.tables import INBOUND, QueueTables
 from poison_pipeline.storage.writer import queue_writer
 

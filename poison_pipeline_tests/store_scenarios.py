@@ -14,9 +14,9 @@ import yaml
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.undo import undo
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.intake import accepted_total
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.uri import fs_of

@@ -8,7 +8,7 @@ from typing import Any
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import PROCESSED
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
 from poison_pipeline.storage.writer import queue_writer
 

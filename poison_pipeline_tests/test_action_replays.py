@@ -28,9 +28,9 @@ from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditNotFound, edit
 from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import RedriveError, Replacement, redrive
 from poison_pipeline.operations.undo import UndoError, undo
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.journal import read_entry
 from poison_pipeline.storage.tables import PLANS, PURGED, QueueTables
 from poison_pipeline.storage.writer import QueueWriter

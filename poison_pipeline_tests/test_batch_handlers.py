@@ -14,7 +14,7 @@ import yaml
 from poison_pipeline.domain.declaration import DeclarationError, load_declaration
 from poison_pipeline.handlers import batch_handler, batch_size
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline_tests.recording_handlers import read_lines, recording_batch
 from poison_pipeline_tests.support import attempts_of, places, rows
 

@@ -23,11 +23,11 @@ from poison_pipeline.operations.checks import (
     check_one_place,
 )
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import set_enabled
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.support import places, queue, send
 

@@ -12,7 +12,7 @@ import yaml
 
 from poison_pipeline.cli import main
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests import conversation_hooks
 

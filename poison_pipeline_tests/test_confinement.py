@@ -35,9 +35,9 @@ from poison_pipeline.handlers import UnsafePath, safe_path
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditError, edit
 from poison_pipeline.operations.purge import PurgeError, purge
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import RedriveError, redrive
 from poison_pipeline.operations.status import format_status, queue_status
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
 from poison_pipeline_tests.support import HANDLER, places, queue, rows, send, table_versions
 

@@ -26,8 +26,8 @@ from poison_pipeline.defs.naming import (
 from poison_pipeline.operations.actions import DONE, list_actions
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.purge import RETENTION_ACTOR
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.control import queue_state, set_enabled
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.dagster_support import QUIET, copy_lake, declare, failure_text, run_config
 from poison_pipeline_tests.support import places, rows, table_versions

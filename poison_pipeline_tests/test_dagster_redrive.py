@@ -36,7 +36,7 @@ from poison_pipeline.operations.actions import DONE, find_action, list_actions
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.groups import failure_groups
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import Committer
 from poison_pipeline_tests.dagster_support import (

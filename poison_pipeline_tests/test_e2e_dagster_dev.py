@@ -37,8 +37,8 @@ from poison_pipeline.defs.naming import alert_job_name, alert_sensor_name, job_n
 from poison_pipeline.domain.alerts import MESSAGES_FAILED
 from poison_pipeline.domain.declaration import Declaration, load_declaration
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.status import queue_status
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 
 pytestmark = pytest.mark.e2e

@@ -21,8 +21,8 @@ from poison_pipeline.defs.naming import job_name, operator_job_name, operator_op
 from poison_pipeline.domain.declaration import Declaration, load_declaration
 from poison_pipeline.operations.actions import list_actions
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.control import queue_state, set_enabled
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.test_e2e_dagster_dev import (
     LOCATION,

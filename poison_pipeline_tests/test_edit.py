@@ -17,7 +17,7 @@ from poison_pipeline.operations.actions import DONE, PLANNED, find_action
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edits_of
 from poison_pipeline.operations.inspect_message import inspect_message
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import Committer, QueueWriter
 from poison_pipeline_tests.support import places, rows, table_versions

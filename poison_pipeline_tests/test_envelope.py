@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline_tests.support import queue, rows
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -27,9 +27,9 @@ from poison_pipeline.defs.naming import (
 from poison_pipeline.domain.alerts import MESSAGES_FAILED
 from poison_pipeline.domain.declaration import Declaration, parse_declaration
 from poison_pipeline.operations.groups import failure_groups, group_id
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import set_enabled
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 from poison_pipeline_tests import alert_hooks
 from poison_pipeline_tests.conftest import SPARK

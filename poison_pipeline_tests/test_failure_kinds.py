@@ -18,7 +18,7 @@ import pytest
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.engine import local
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline_tests.failure_handlers import FLOOD_BYTES, HANDLER
 from poison_pipeline_tests.support import attempts_of, places, rows
 

@@ -25,8 +25,8 @@ from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.engine.commit import SequenceReused
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.intake import accepted_total
 from poison_pipeline.storage.journal import JournalEntry, read_entry, write_entry
 from poison_pipeline.storage.lease import LEASE_TABLE, Lease, LeaseGuard, LeaseHeld

@@ -12,7 +12,7 @@ from hypothesis import example, given
 
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline_tests.fuzz_commands import COMMANDS, argv_lists
 from poison_pipeline_tests.fuzz_support import COUNTS, fuzz_settings
 from poison_pipeline_tests.support import HANDLER

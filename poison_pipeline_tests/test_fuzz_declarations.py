@@ -24,7 +24,7 @@ from poison_pipeline.domain.declaration import (
     parse_declaration,
 )
 from poison_pipeline.domain.durations import LONGEST
-from poison_pipeline.storage.enqueue import parse_texts
+from poison_pipeline.operations.records import parse_texts
 from poison_pipeline_tests.fuzz_commands import BASE, Mutation, declarations
 from poison_pipeline_tests.fuzz_support import COUNTS, fuzz_settings
 

@@ -25,8 +25,8 @@ from poison_pipeline.cli import run_console
 from poison_pipeline.domain.declaration import Declaration, load_declaration
 from poison_pipeline.domain.envelope import FIELDS, parse_envelope, shown
 from poison_pipeline.operations.enqueue import enqueue_data, refused_path
-from poison_pipeline.storage.enqueue import Parsed, enqueue, envelope_table, land, parse_texts
-from poison_pipeline.storage.jsonl import screen
+from poison_pipeline.operations.jsonl import screen
+from poison_pipeline.operations.records import Parsed, enqueue, envelope_table, land, parse_texts
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.fuzz_support import COUNTS, LINE_LEVEL, MAX_BODY, TTL, Line, batches, fuzz_settings
 from poison_pipeline_tests.support import HANDLER

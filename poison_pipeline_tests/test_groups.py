@@ -34,8 +34,8 @@ from poison_pipeline.operations.groups import (
     select_group,
     top_frame_of,
 )
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.support import seed
 

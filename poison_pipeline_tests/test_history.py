@@ -15,9 +15,9 @@ from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit
 from poison_pipeline.operations.history import history
 from poison_pipeline.operations.inspect_message import AsOfError, inspect_message
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.support import table_versions
 

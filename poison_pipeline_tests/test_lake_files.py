@@ -169,8 +169,8 @@ def test_a_small_cycle_on_an_object_store_lake_processes_everything_and_balances
     from poison_pipeline.domain.declaration import parse_declaration
     from poison_pipeline.operations.conservation import conservation
     from poison_pipeline.operations.cycle import run_cycle
+    from poison_pipeline.operations.records import enqueue
     from poison_pipeline.storage import intake
-    from poison_pipeline.storage.enqueue import enqueue
     from poison_pipeline.storage.tables import QueueTables
     from poison_pipeline_tests.support import places
 

@@ -18,8 +18,8 @@ from poison_pipeline.domain.envelope import parse_envelope
 from poison_pipeline.engine.cycle import CycleReport
 from poison_pipeline.engine.stay import stay
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import message_rows
 from poison_pipeline.storage.control import set_enabled
-from poison_pipeline.storage.enqueue import message_rows
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.support import places, queue, seed, send
 

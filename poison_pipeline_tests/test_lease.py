@@ -23,8 +23,8 @@ from deltalake import write_deltalake
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import Declaration, LeaseSettings, load_declaration
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, LeaseHeld, LeaseLost
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import Fenced, queue_writer

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from poison_pipeline.operations.checks import check_one_place
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage import column_cache
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests import model_support as ms
 from poison_pipeline_tests import store_scenarios

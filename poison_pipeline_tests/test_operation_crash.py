@@ -32,9 +32,9 @@ from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit
 from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import ACTIONS, PLANS, PURGED, QueueTables
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.operation_process import run_operation

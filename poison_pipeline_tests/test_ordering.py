@@ -15,7 +15,7 @@ import pytest
 from poison_pipeline.broker.conversations import ended_conversations
 from poison_pipeline.domain.policy import Policy
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.storage.enqueue import enqueue
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests import conversation_hooks
 from poison_pipeline_tests.recording_handlers import read_lines

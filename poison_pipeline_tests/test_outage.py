@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.control import QUEUE_DISABLED, queue_state, set_enabled
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.recording_handlers import read_lines
 from poison_pipeline_tests.support import attempts_of, places, rows

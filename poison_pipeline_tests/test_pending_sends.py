@@ -6,8 +6,8 @@ from __future__ import annotations
 from poison_pipeline.broker.conversations import CONVERSATION_ENDED, end_conversation
 from poison_pipeline.broker.transmission import transmit
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.control import set_enabled
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.support import rows
 from poison_pipeline_tests.test_sending import declare, order

@@ -14,9 +14,9 @@ import pytest
 
 from poison_pipeline.domain.envelope import EnvelopeError, parse_envelope
 from poison_pipeline.operations.enqueue import enqueue_data
-from poison_pipeline.storage.enqueue import Parsed, _ascii_lines, _object_line, _raw, enqueue, envelope_table, land
-from poison_pipeline.storage.jsonl import screen
-from poison_pipeline.storage.plain_envelopes import joined, plain_lines
+from poison_pipeline.operations.jsonl import screen
+from poison_pipeline.operations.plain_envelopes import joined, plain_lines
+from poison_pipeline.operations.records import Parsed, _ascii_lines, _object_line, _raw, enqueue, envelope_table, land
 from poison_pipeline_tests.support import queue, rows
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -127,7 +127,7 @@ def test_every_line_the_vectorised_path_reads_is_read_the_same_by_parse_envelope
 
 def test_a_file_lands_and_is_refused_exactly_as_line_by_line(make_declaration, monkeypatch) -> None:
     # Slices of 500 lines: the file is read by several threads, each from a line boundary.
-    monkeypatch.setattr("poison_pipeline.storage.enqueue._SLICE_ROWS", 500)
+    monkeypatch.setattr("poison_pipeline.operations.records._SLICE_ROWS", 500)
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     texts = _lines(3000, seed=11)
     data = ("\n".join(texts[:1500]) + "\n\n  \n" + "\n".join(texts[1500:])).encode("utf-8", "surrogatepass")
@@ -258,10 +258,10 @@ def test_the_file_splitter_finds_the_lines_split_lines_finds(monkeypatch):
     shows them: whitespace-only lines of every kind, empty lines, no final newline; a big file is
     searched for newlines a chunk per core."""
     from poison_pipeline.operations.enqueue import split_lines
-    from poison_pipeline.storage.jsonl import newlines, split_data
+    from poison_pipeline.operations.jsonl import newlines, split_data
 
     many = np.frombuffer(random.Random(3).randbytes(50_000), dtype=np.uint8)
-    monkeypatch.setattr("poison_pipeline.storage.jsonl._CHUNK_BYTES", 1000)
+    monkeypatch.setattr("poison_pipeline.operations.jsonl._CHUNK_BYTES", 1000)
     for cores in (2, 3, 7):
         monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
         assert np.array_equal(newlines(many), np.flatnonzero(many == 0x0A))

@@ -24,9 +24,9 @@ from poison_pipeline.operations.actions import DONE, PLANNED, find_action, list_
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, apply_retention, purge
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.operations.undo import undo
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import PLANS, QueueTables
 from poison_pipeline.storage.writer import Committer, QueueWriter
 from poison_pipeline_tests.conftest import SPARK

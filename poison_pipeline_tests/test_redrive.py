@@ -19,10 +19,10 @@ from poison_pipeline.operations import redrive as redrive_module
 from poison_pipeline.operations.actions import DONE, PLANNED, find_action
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.groups import failure_groups
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import RedriveError, redrive
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.lease import Lease, LeaseHeld, LeaseLost
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import Committer, QueueWriter

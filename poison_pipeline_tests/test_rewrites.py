@@ -11,9 +11,9 @@ import pyarrow as pa
 
 from poison_pipeline.broker.conversations import end_conversation
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables, _whole_due_files
 from poison_pipeline_tests.support import places, queue, rows, send
 

@@ -9,8 +9,8 @@ from typing import Any
 from poison_pipeline.broker.conversations import ended_conversations
 from poison_pipeline.broker.transmission import transmit
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.control import set_enabled
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.support import rows
 

@@ -39,11 +39,11 @@ from poison_pipeline.domain.declaration import Declaration, parse_declaration
 from poison_pipeline.operations.actions import list_actions
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage import uri as uri_module
 from poison_pipeline.storage import writer as writer_module
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.faults import StorageFailure
 from poison_pipeline.storage.intake import accepted_total, settle_intake
 from poison_pipeline.storage.tables import INBOUND, PLANS, QueueTables

@@ -24,10 +24,10 @@ from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit, edits_of
 from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import UndoError, format_undo, undo
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import PURGED, QueueTables
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
 from poison_pipeline_tests.support import places, rows, table_versions

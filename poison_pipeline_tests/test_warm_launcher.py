@@ -29,9 +29,9 @@ from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 from poison_pipeline.defs.naming import job_name
 from poison_pipeline.domain.declaration import CONFIG_ENV, load_declaration
 from poison_pipeline.engine.local_servers import process_links
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.proc import alive
 from poison_pipeline.runs.launcher import WORKER_TAG, WarmRunLauncher, logged_pid
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.dagster_support import job_of
 from poison_pipeline_tests.support import places

@@ -35,11 +35,11 @@ from poison_pipeline.examples.generate import (
 )
 from poison_pipeline.examples.handlers import app_db, hook_log, presentation_folder
 from poison_pipeline.operations.groups import failure_groups, groups_table
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import format_redrive, redrive
 from poison_pipeline.operations.render import render
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.control import queue_state, set_enabled
-from poison_pipeline.storage.enqueue import enqueue
 from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION, QueueTables
 
 

@@ -1,9 +1,9 @@
 """`enqueue`: a JSON Lines file of envelopes into a queue's inbound, one bad line never blocking the rest.
 
 The lines that are plainly valid are read together, straight from the file's bytes
-(`storage.enqueue.land_data`, which the Python API's `enqueue` of a path or bytes runs too;
+(`operations.records.land_data`, which the Python API's `enqueue` of a path or bytes runs too;
 `parse_texts` for lines given one by one); every other line is checked one by one by
-`storage.enqueue.land_lines`, which appends the valid ones in one commit. Each refusal keeps its
+`operations.records.land_lines`, which appends the valid ones in one commit. Each refusal keeps its
 line number, its message id (when it has one) and the reason, and the refused lines can be
 written beside the input so that nothing is lost.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.storage.enqueue import EnqueueResult, RawOf, land_data, land_lines, parse_texts
+from poison_pipeline.operations.records import EnqueueResult, RawOf, land_data, land_lines, parse_texts
 
 
 @dataclass(frozen=True)

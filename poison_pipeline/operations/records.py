@@ -1,6 +1,6 @@
 """Validating envelopes and appending them to a queue's inbound table as one batch.
 
-Text records that are plainly valid are decoded together by `storage.plain_envelopes`; every other
+Text records that are plainly valid are decoded together by `operations.plain_envelopes`; every other
 record goes through `parse_envelope` one by one, which alone refuses and words the refusal.
 """
 
@@ -24,11 +24,11 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import Envelope, EnvelopeError, parse_envelope, shown
 from poison_pipeline.domain.policy import Policy
 from poison_pipeline.domain.routing import INBOUND
+from poison_pipeline.operations.jsonl import newlines, screen, split_data
+from poison_pipeline.operations.plain_envelopes import joined, plain_lines
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import StorageFailure
 from poison_pipeline.storage.intake import append_enqueued, enqueued_batch_landed, opened_intake, settle_intake
-from poison_pipeline.storage.jsonl import newlines, screen, split_data
-from poison_pipeline.storage.plain_envelopes import joined, plain_lines
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import LeaseFreeAppender
 

@@ -341,8 +341,9 @@ def _vouched(table: pa.Table, kind: int) -> bool:
     if "body" not in table.column_names:
         return True
     body = table.schema.field("body").type
-    return {_OBJECT: pa.types.is_struct(body) or pa.types.is_null(body),
-            _LIST: pa.types.is_list(body), _TEXT: pa.types.is_string(body)}[kind]
+    expected: dict[int, bool] = {_OBJECT: pa.types.is_struct(body) or pa.types.is_null(body),
+                                 _LIST: pa.types.is_list(body), _TEXT: pa.types.is_string(body)}
+    return expected[kind]
 
 
 def _read(texts: pa.Array, rows: np.ndarray, accept: Callable[[pa.Table], bool]
