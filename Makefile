@@ -62,7 +62,7 @@ soak: java $(STAMP)
 	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
-	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect *.egg-info tools/azurite/node_modules
+	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect .mypy_cache *.egg-info tools/azurite/node_modules
 
 # The model-based test of "nothing lost" (poison_pipeline_tests/test_model.py) with its long profile:
 # 2,000 random sequences of 30 steps (about twelve hours on 2 cores); the counts are printed at the
