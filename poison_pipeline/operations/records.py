@@ -1,7 +1,8 @@
 """Validating envelopes and appending them to a queue's inbound table as one batch.
 
-Text records that are plainly valid are decoded together by `operations.plain_envelopes`; every other
-record goes through `parse_envelope` one by one, which alone refuses and words the refusal.
+Records that are plainly valid (texts, and dicts once written as JSON lines) are decoded together by
+`operations.plain_envelopes`; every other record goes through `parse_envelope` one by one, which
+alone refuses and words the refusal.
 """
 
 from __future__ import annotations
