@@ -142,9 +142,13 @@ class CheckThresholds(BaseModel):
     @field_validator("oldest_waiting")
     @classmethod
     def _positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError(f"oldest_waiting must be a positive duration (e.g. 1h), not {value}")
-        return value
+        return _positive_duration("oldest_waiting", value, "1h")
+
+
+def _positive_duration(name: str, value: timedelta, example: str) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError(f"{name} must be a positive duration (e.g. {example}), not {value}")
+    return value
 
 
 # The fastest a queue is looked at: the orchestrator's sensor loop (Dagster's daemon) runs every 5 s.
@@ -269,9 +273,7 @@ class Declaration(BaseModel):
     @field_validator("hook_timeout")
     @classmethod
     def _positive_hook_timeout(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError(f"hook_timeout must be a positive duration (e.g. 60s), not {value}")
-        return value
+        return _positive_duration("hook_timeout", value, "60s")
 
     @field_validator("alert_hook")
     @classmethod

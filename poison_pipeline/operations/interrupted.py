@@ -37,7 +37,6 @@ from poison_pipeline.storage.writer import QueueWriter
 # The actions a kill can leave half done, in the order they are completed: redrives before edits
 # (an edit completes through its own redrive) and undos last.
 INTERRUPTIBLE = ("redrive", "edit", "purge", "undo")
-_ORDER = INTERRUPTIBLE
 
 
 def interrupted_actions(tables: QueueTables) -> tuple[int, int | None]:
@@ -56,9 +55,9 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
     tables = writer.tables
     writer.settled = True  # the commands a completion runs hold this writer: they complete nothing more
     outcome = Completed()
-    planned = sorted((a for a in planned_actions(tables, _ORDER, snapshot=writer.latest_if_exists(ACTIONS))
+    planned = sorted((a for a in planned_actions(tables, INTERRUPTIBLE, snapshot=writer.latest_if_exists(ACTIONS))
                       if a.action_id not in resuming),
-                     key=lambda a: _ORDER.index(a.kind))
+                     key=lambda a: INTERRUPTIBLE.index(a.kind))
     if planned:  # a completion must not move what a cycle a kill left staged took
         finish_interrupted_cycles(declaration, writer)
     # An edit's own redrive, killed before its plan, is planned again by the edit's completion.
