@@ -41,6 +41,7 @@ from poison_pipeline.engine import cycle as cycle_module  # noqa: E402
 from poison_pipeline.engine import local  # noqa: E402
 from poison_pipeline.engine import recovery as recovery_module  # noqa: E402
 from poison_pipeline.engine.session import build_session  # noqa: E402
+from poison_pipeline.operations import cycle as operations_cycle  # noqa: E402
 from poison_pipeline.operations.cycle import run_cycle  # noqa: E402
 from poison_pipeline.operations.records import enqueue  # noqa: E402
 from poison_pipeline.storage.lease import Lease  # noqa: E402
@@ -51,7 +52,7 @@ TARGET_DAGSTER_RUN_S = 15.0
 SPARK_PATH = "spark_path"
 # What the cycle does besides delivering, timed by name (see cycle_throughput.phase_clock).
 EXTRA_PHASES = [
-    (cycle_module, "complete_interrupted", "recover: interrupted operator actions"),
+    (operations_cycle, "complete_interrupted", "recover: interrupted operator actions"),
     (cycle_module, "queue_state", "select: queue state (events)"),
     (cycle_module, "retry_cleanups", "select: clean-up hooks to retry"),
     (cycle_module, "ended_conversations", "select: ended conversations"),

@@ -1,0 +1,147 @@
+"""The model test's long profile (`make model`): at least 2,000 random sequences of 30 steps.
+
+The sequences run in chunks, each a pytest process of its own, `--workers` at a time. Every chunk
+appends one JSON line (its counts, the code it ran, the machine's load) to the results file, so a run
+that was stopped resumes where it left off: chunks recorded for the same code count towards the total.
+The code is named by the git trees of `poison_pipeline/` and `poison_pipeline_tests/`, so a commit
+that touches neither (the results file itself, docs) keeps the chunks already run. A failing chunk
+stops the run; its line holds the end of pytest's output (the failing sequence and its blob).
+
+    .venv/bin/python tools/model_long.py [--workers N] [--sequences 2000] [--chunk 25] [--results F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "poison_pipeline_tests" / "results" / "model_long.jsonl"
+COUNTS_LINE = re.compile(r"^fuzz \(long profile\): (.*)$", re.MULTILINE)
+TAIL_LINES = 80
+
+
+def code_of(root: Path) -> dict[str, str]:
+    """The git trees the chunk runs: product and tests (a dirty tree is refused, it has no name)."""
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "poison_pipeline", "poison_pipeline_tests"],
+                           cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    changed = [line for line in dirty.splitlines() if "poison_pipeline_tests/results/" not in line]
+    if changed:
+        raise SystemExit("model_long: the code has uncommitted changes; commit them (or run from a clean "
+                         "worktree) so that the chunks name the code they ran:\n" + "\n".join(changed))
+
+    def tree(path: str) -> str:
+        return subprocess.run(["git", "rev-parse", f"HEAD:{path}"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    return {"product_tree": tree("poison_pipeline"), "tests_tree": tree("poison_pipeline_tests"), "commit": head}
+
+
+def parse_counts(output: str) -> Counter[str]:
+    """The counts pytest's summary line prints ("fuzz (long profile): 1,234 model steps, ...")."""
+    found = COUNTS_LINE.findall(output)
+    counts: Counter[str] = Counter()
+    if found:
+        for part in found[-1].split(", "):
+            number, _, kind = part.partition(" ")
+            counts[kind] += int(number.replace(",", ""))
+    return counts
+
+
+def recorded(results: Path, code: dict[str, str]) -> list[dict[str, Any]]:
+    """The chunks already run on this code."""
+    if not results.exists():
+        return []
+    lines = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    return [line for line in lines
+            if line["product_tree"] == code["product_tree"] and line["tests_tree"] == code["tests_tree"]]
+
+
+def run_chunk(root: Path, sequences: int, steps: int) -> tuple[bool, str, float]:
+    # Spark's workers and the killed subprocesses import the package from `root` too, not from wherever
+    # the interpreter's editable install points (a worktree runs its own code).
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, HYPOTHESIS_PROFILE="long", MODEL_SEQUENCES=str(sequences), MODEL_STEPS=str(steps),
+               PYTHONPATH=path)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "model",
+         "poison_pipeline_tests/test_model.py", "-k", "test_lake_model and not s3"],
+        cwd=root, env=env, capture_output=True, text=True)
+    return done.returncode == 0, done.stdout + done.stderr, time.monotonic() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--sequences", type=int, default=2000, help="the total to reach on this code")
+    parser.add_argument("--steps", type=int, default=30, help="steps per sequence")
+    parser.add_argument("--chunk", type=int, default=25, help="sequences per pytest process")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if min(args.workers, args.sequences, args.steps, args.chunk) < 1:
+        parser.error("--workers, --sequences, --steps and --chunk must be at least 1")
+
+    code = code_of(ROOT)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    before = recorded(args.results, code)
+    if any(not line["passed"] for line in before):
+        print("model_long: a chunk on this code failed already; read its line in", args.results)
+        return 1
+    remaining = max(0, args.sequences - sum(line["sequences"] for line in before))
+    chunks = [args.chunk] * (remaining // args.chunk) + ([remaining % args.chunk] if remaining % args.chunk else [])
+    print(f"model_long: {len(before)} chunks recorded on this code, {len(chunks)} to run, {args.workers} at a time",
+          flush=True)
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def one(sequences: int) -> None:
+        if failed.is_set():
+            return
+        load = os.getloadavg()
+        passed, output, seconds = run_chunk(ROOT, sequences, args.steps)
+        counts = parse_counts(output)
+        line: dict[str, Any] = {
+            **code, "passed": passed, "sequences": counts["model sequences"] if passed else sequences,
+            "steps_per_sequence": args.steps, "counts": dict(sorted(counts.items())),
+            "seconds": round(seconds, 1), "load_avg_start": [round(x, 2) for x in load],
+            "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        if not passed:
+            line["output_tail"] = output.splitlines()[-TAIL_LINES:]
+            failed.set()
+        with lock:
+            with args.results.open("a") as out:
+                out.write(json.dumps(line) + "\n")
+            print(f"model_long: chunk {'passed' if passed else 'FAILED'}: {line['sequences']} sequences, "
+                  f"{counts['model steps']:,} steps, {seconds:.0f} s", flush=True)
+
+    with ThreadPoolExecutor(args.workers) as pool:
+        list(pool.map(one, chunks))
+
+    lines = recorded(args.results, code)
+    totals: Counter[str] = Counter()
+    for line in lines:
+        totals.update(line["counts"])
+    print(f"model_long: {len(lines)} chunks on {code['product_tree'][:12]} (product tree), "
+          f"{sum(line['sequences'] for line in lines):,} sequences, "
+          f"{sum(not line['passed'] for line in lines)} failed")
+    print("fuzz (long profile): " + ", ".join(f"{n:,} {kind}" for kind, n in sorted(totals.items())))
+    return 1 if failed.is_set() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
