@@ -60,13 +60,14 @@ def parse_counts(output: str) -> Counter[str]:
     return counts
 
 
-def recorded(results: Path, code: dict[str, str]) -> list[dict[str, Any]]:
-    """The chunks already run on this code."""
+def recorded(results: Path, code: dict[str, str], steps: int) -> list[dict[str, Any]]:
+    """The chunks already run on this code, with sequences as long as asked."""
     if not results.exists():
         return []
     lines = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     return [line for line in lines
-            if line["product_tree"] == code["product_tree"] and line["tests_tree"] == code["tests_tree"]]
+            if line["product_tree"] == code["product_tree"] and line["tests_tree"] == code["tests_tree"]
+            and line["steps_per_sequence"] >= steps]
 
 
 def run_chunk(root: Path, sequences: int, steps: int) -> tuple[bool, str, float]:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     code = code_of(ROOT)
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    before = recorded(args.results, code)
+    before = recorded(args.results, code, args.steps)
     if any(not line["passed"] for line in before):
         print("model_long: a chunk on this code failed already; read its line in", args.results)
         return 1
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(args.workers) as pool:
         list(pool.map(one, chunks))
 
-    lines = recorded(args.results, code)
+    lines = recorded(args.results, code, args.steps)
     totals: Counter[str] = Counter()
     for line in lines:
         totals.update(line["counts"])
