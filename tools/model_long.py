@@ -3,8 +3,9 @@
 The sequences run in chunks, each a pytest process of its own, `--workers` at a time. Every chunk
 appends one JSON line (its counts, the code it ran, the machine's load) to the results file, so a run
 that was stopped resumes where it left off: chunks recorded for the same code count towards the total.
-The code is named by the git trees of `poison_pipeline/` and `poison_pipeline_tests/`, so a commit
-that touches neither (the results file itself, docs) keeps the chunks already run. A failing chunk
+The code is named by the git tree of `poison_pipeline/` and a hash of the test files the model can
+run (`test_model.py` and every test module that is not a `test_*.py` file), so a commit that touches
+none of them (the results file itself, other tests, docs) keeps the chunks already run. A failing chunk
 stops the run; its line holds the end of pytest's output (the failing sequence and its blob).
 
     .venv/bin/python tools/model_long.py [--workers N] [--sequences 2000] [--chunk 25] [--results F]
@@ -13,6 +14,7 @@ stops the run; its line holds the end of pytest's output (the failing sequence a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -33,20 +35,26 @@ TAIL_LINES = 80
 
 
 def code_of(root: Path) -> dict[str, str]:
-    """The git trees the chunk runs: product and tests (a dirty tree is refused, it has no name)."""
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "poison_pipeline", "poison_pipeline_tests"],
-                           cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-    changed = [line for line in dirty.splitlines() if "poison_pipeline_tests/results/" not in line]
+    """What a chunk runs: the product's git tree and the model's test files (a dirty tree is refused:
+    it has no name)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+    changed = [line for line in git("status", "--porcelain", "--", "poison_pipeline", "poison_pipeline_tests")
+               .splitlines() if "poison_pipeline_tests/results/" not in line]
     if changed:
         raise SystemExit("model_long: the code has uncommitted changes; commit them (or run from a clean "
                          "worktree) so that the chunks name the code they ran:\n" + "\n".join(changed))
+    model_files = [line for line in git("ls-tree", "-r", "HEAD", "poison_pipeline_tests").splitlines()
+                   if "/results/" not in line and _runs_in_model(line.split("\t")[1])]
+    return {"product_tree": git("rev-parse", "HEAD:poison_pipeline"),
+            "model_tests": hashlib.sha1("\n".join(model_files).encode()).hexdigest(),
+            "commit": git("rev-parse", "--short", "HEAD")}
 
-    def tree(path: str) -> str:
-        return subprocess.run(["git", "rev-parse", f"HEAD:{path}"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                          check=True).stdout.strip()
-    return {"product_tree": tree("poison_pipeline"), "tests_tree": tree("poison_pipeline_tests"), "commit": head}
+
+def _runs_in_model(path: str) -> bool:
+    name = Path(path).name
+    return name == "test_model.py" or not name.startswith("test_")
 
 
 def parse_counts(output: str) -> Counter[str]:
@@ -66,7 +74,7 @@ def recorded(results: Path, code: dict[str, str], steps: int) -> list[dict[str, 
         return []
     lines = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     return [line for line in lines
-            if line["product_tree"] == code["product_tree"] and line["tests_tree"] == code["tests_tree"]
+            if line["product_tree"] == code["product_tree"] and line["model_tests"] == code["model_tests"]
             and line["steps_per_sequence"] >= steps]
 
 
