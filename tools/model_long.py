@@ -3,9 +3,10 @@
 The sequences run in chunks, each a pytest process of its own, `--workers` at a time. Every chunk
 appends one JSON line (its counts, the code it ran, the machine's load) to the results file, so a run
 that was stopped resumes where it left off: chunks recorded for the same code count towards the total.
-The code is named by the git tree of `poison_pipeline/` and a hash of the test files the model can
-run (`test_model.py` and every test module that is not a `test_*.py` file), so a commit that touches
-none of them (the results file itself, other tests, docs) keeps the chunks already run. A failing chunk
+The code is named by a hash of what the model runs: the product's packages below the console and
+Dagster (`MODEL_RUNS`) and the model's test files (`test_model.py` and every test module that is not
+a `test_*.py` file). A commit that touches none of them (the CLI, Dagster's layer, other tests, docs,
+the results file itself) keeps the chunks already run. A failing chunk
 stops the run; its line holds the end of pytest's output (the failing sequence and its blob).
 
     .venv/bin/python tools/model_long.py [--workers N] [--sequences 2000] [--chunk 25] [--results F]
@@ -32,6 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "poison_pipeline_tests" / "results" / "model_long.jsonl"
 COUNTS_LINE = re.compile(r"^fuzz \(long profile\): (.*)$", re.MULTILINE)
 TAIL_LINES = 80
+# The product code the model drives (operations in-process, cycles, kills and pauses); the CLI,
+# `defs/` and `runs/` only call into it.
+MODEL_RUNS = tuple(f"poison_pipeline/{name}" for name in (
+    "domain", "storage", "broker", "engine", "operations", "handlers.py", "proc.py"))
 
 
 def code_of(root: Path) -> dict[str, str]:
@@ -47,9 +52,13 @@ def code_of(root: Path) -> dict[str, str]:
                          "worktree) so that the chunks name the code they ran:\n" + "\n".join(changed))
     model_files = [line for line in git("ls-tree", "-r", "HEAD", "poison_pipeline_tests").splitlines()
                    if "/results/" not in line and _runs_in_model(line.split("\t")[1])]
-    return {"product_tree": git("rev-parse", "HEAD:poison_pipeline"),
-            "model_tests": hashlib.sha1("\n".join(model_files).encode()).hexdigest(),
+    return {"product": _hash(git("ls-tree", "-r", "HEAD", *MODEL_RUNS).splitlines()),
+            "model_tests": _hash(model_files),
             "commit": git("rev-parse", "--short", "HEAD")}
+
+
+def _hash(lines: list[str]) -> str:
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()
 
 
 def _runs_in_model(path: str) -> bool:
@@ -74,7 +83,7 @@ def recorded(results: Path, code: dict[str, str], steps: int) -> list[dict[str, 
         return []
     lines = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     return [line for line in lines
-            if line["product_tree"] == code["product_tree"] and line["model_tests"] == code["model_tests"]
+            if line["product"] == code["product"] and line["model_tests"] == code["model_tests"]
             and line["steps_per_sequence"] >= steps]
 
 
@@ -145,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     totals: Counter[str] = Counter()
     for line in lines:
         totals.update(line["counts"])
-    print(f"model_long: {len(lines)} chunks on {code['product_tree'][:12]} (product tree), "
+    print(f"model_long: {len(lines)} chunks on product {code['product'][:12]}, tests {code['model_tests'][:12]}, "
           f"{sum(line['sequences'] for line in lines):,} sequences, "
           f"{sum(not line['passed'] for line in lines)} failed")
     print("fuzz (long profile): " + ", ".join(f"{n:,} {kind}" for kind, n in sorted(totals.items())))
