@@ -25,6 +25,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"fuzz ({active_profile()} profile): {counted}")
 
 
+# What a test of the engine room takes: Spark, a lake in its own folder, a store's server.
+ENGINE_ROOM_FIXTURES = frozenset({"spark", "tmp_path", "tmp_path_factory", "make_declaration", "make_any_declaration",
+                                  "s3_server", "azure_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that takes the engine room (Spark, a lake, a store: `ENGINE_ROOM_FIXTURES`) is marked
+    `spark`, as is every end-to-end and model test, so `pytest -m "not spark"` runs the rest: the
+    rules on plain values, in seconds. A test that reaches the engine room another way carries
+    `pytest.mark.spark` itself."""
+    for item in items:
+        whole_product = item.get_closest_marker("e2e") or item.get_closest_marker("model")
+        if whole_product or ENGINE_ROOM_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     session = build_session(SPARK)
