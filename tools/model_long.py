@@ -2,7 +2,8 @@
 
 The sequences run in chunks, each a pytest process of its own, `--workers` at a time. Every chunk
 appends one JSON line (its counts, the code it ran, the machine's load) to the results file, so a run
-that was stopped resumes where it left off: chunks recorded for the same code count towards the total.
+that was stopped (killed, or asked to by creating `<results>.stop`: the chunks under way finish
+first) resumes where it left off: chunks recorded for the same code count towards the total.
 The code is named by a hash of what the model runs: the product's packages below the console and
 Dagster (`MODEL_RUNS`) and the model's test files (`test_model.py` and every test module that is not
 a `test_*.py` file). A commit that touches none of them (the CLI, Dagster's layer, other tests, docs,
@@ -125,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     failed = threading.Event()
 
+    stop = args.results.with_name(args.results.name + ".stop")
+    stop.unlink(missing_ok=True)  # it stopped an earlier run
+
     def one(sequences: int) -> None:
-        if failed.is_set():
+        if failed.is_set() or stop.exists():
             return
         load = os.getloadavg()
         passed, output, seconds = run_chunk(ROOT, sequences, args.steps)
