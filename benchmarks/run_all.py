@@ -2,7 +2,7 @@
 `make bench-quick` (small sizes, for CI: it checks that every benchmark still runs and prints its line,
 and asserts nothing about time).
 
-    .venv/bin/python benchmarks/run_all.py [--quick] [--only NAME ...]
+    .venv/bin/python benchmarks/run_all.py [--quick] [--only NAME ...] [--args "ARGS"]
 
 Prints each benchmark's JSON line on stdout as it finishes, with `load_avg_before`, `git_commit`,
 `at` and `quick` added. A full run also appends each line to `benchmarks/results/<name>.jsonl`, the
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -63,9 +64,9 @@ def _commit() -> str | None:
     return found.stdout.strip() or None
 
 
-def run_one(benchmark: Benchmark, quick: bool) -> dict[str, object] | None:
+def run_one(benchmark: Benchmark, quick: bool, extra: tuple[str, ...] = ()) -> dict[str, object] | None:
     """Run one benchmark script; its JSON line with the run's context, or None if it failed."""
-    args = benchmark.quick if quick else benchmark.full
+    args = (*(benchmark.quick if quick else benchmark.full), *extra)
     load = os.getloadavg()
     started = time.perf_counter()
     done = subprocess.run([sys.executable, str(HERE / f"{benchmark.name}.py"), *args],
@@ -87,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI): runs everything, times nothing")
     parser.add_argument("--only", nargs="*", default=None, metavar="NAME",
                         help=f"run only these: {', '.join(b.name for b in BENCHMARKS)}")
+    parser.add_argument("--args", default="", metavar="ARGS",
+                        help="more arguments for the one benchmark --only names (e.g. --args=--phases)")
     args = parser.parse_args(argv)
+    extra = tuple(shlex.split(args.args))
+    if extra and len(args.only or ()) != 1:
+        parser.error("--args needs --only with exactly one benchmark: arguments differ between benchmarks")
     known = {b.name for b in BENCHMARKS}
     unknown = sorted(set(args.only or ()) - known)
     if unknown:
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for benchmark in chosen:
         print(f"--- {benchmark.name}{' (quick)' if args.quick else ''}", file=sys.stderr, flush=True)
-        result = run_one(benchmark, args.quick)
+        result = run_one(benchmark, args.quick, extra)
         if result is None:
             failed.append(benchmark.name)
             continue
