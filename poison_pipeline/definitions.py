@@ -1,6 +1,7 @@
-"""Entry point for `dagster dev`: the definitions of the declared queues (see poison_pipeline.yaml)."""
+"""Entry point for `dagster dev`: the definitions of the declared queues (see poison_pipeline.yaml),
+built by the same component a `dg` project declares in its `defs.yaml`."""
 
-from poison_pipeline.defs.build import build_definitions
+from poison_pipeline.defs.component import PoisonQueuesComponent
 from poison_pipeline.domain.declaration import load_declaration
 
-defs = build_definitions(load_declaration())
+defs = PoisonQueuesComponent(load_declaration()).definitions()
