@@ -40,3 +40,13 @@ def test_importing_the_package_imports_neither_dagster_nor_spark() -> None:
 
 def test_the_package_says_it_is_typed() -> None:
     assert (INIT.parent / "py.typed").is_file()
+
+
+def test_the_readme_example_runs_beside_the_example_declaration(tmp_path: Path) -> None:
+    readme = (INIT.parent.parent / "README.md").read_text()
+    section = readme.split("### The Python API", 1)[1]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "poison_pipeline.yaml").write_text((INIT.parent.parent / "poison_pipeline.yaml").read_text())
+    shown = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "accepted 1, refused 0, waiting in orders/inbound: 1"
