@@ -4,13 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test fuzz model ui bench bench-quick soak lint java browser azurite clean
+.PHONY: demo test docs fuzz model ui bench bench-quick soak lint java browser azurite clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=/path/to/python3.11)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,bench,docs]'
 	@touch $(STAMP)
 
 java:
@@ -28,12 +28,14 @@ azurite:
 demo: java $(STAMP)
 	$(BIN)/python -m poison_pipeline.demo
 
-# The linter and the type checker (pyproject.toml: strict on domain/ and operations/), the default
-# suite (it stops there on a failure), the bounded model-based test (a process of its own: it
-# patches delta-rs to count commits), then the slower end-to-end tests.
+# The linter and the type checker (pyproject.toml: strict on domain/ and operations/), the
+# documentation site (`make docs`: a broken link fails it), the default suite (it stops there on a
+# failure), the bounded model-based test (a process of its own: it patches delta-rs to count
+# commits), then the slower end-to-end tests.
 test: java browser azurite $(STAMP)
 	$(BIN)/ruff check poison_pipeline poison_pipeline_tests benchmarks tools
 	$(BIN)/mypy
+	$(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/pytest -q -m "not e2e and not model"
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -q -p no:cacheprovider -m model poison_pipeline_tests/test_model.py
 	$(BIN)/pytest -q -m "e2e and not model"
@@ -42,6 +44,11 @@ test: java browser azurite $(STAMP)
 # generated envelopes, declarations and argument lists; the counts are printed at the end.
 fuzz: java $(STAMP)
 	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q --durations=5 poison_pipeline_tests/test_fuzz_*.py
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link, a page left
+# out of the nav or an API name that does not render.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 ui: java $(STAMP)
 	DAGSTER_HOME=$(CURDIR) $(BIN)/python tools/ui.py
@@ -62,7 +69,7 @@ soak: java $(STAMP)
 	$(BIN)/python benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
-	rm -rf $(VENV) lake demo_lake .dagster_home .spark_connect .mypy_cache *.egg-info tools/azurite/node_modules
+	rm -rf $(VENV) site lake demo_lake .dagster_home .spark_connect .mypy_cache *.egg-info tools/azurite/node_modules
 
 # The model-based test of "nothing lost" (poison_pipeline_tests/test_model.py) with its long profile:
 # 2,000 random sequences of 30 steps in chunks, one pytest process per core (about seven hours on 2
