@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
+import sys
 import types
 import typing
 from pathlib import Path
@@ -15,7 +17,8 @@ from pydantic import BaseModel
 from poison_pipeline.cli import build_parser
 from poison_pipeline.domain.declaration import Declaration, parse_declaration
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 DECLARATION_PAGE = DOCS / "reference" / "declaration.md"
 CLI_PAGES = [DOCS / "reference" / "cli.md", *sorted((DOCS / "guides" / "operating").glob("*.md"))]
 
@@ -90,3 +93,9 @@ def test_every_command_and_option_is_documented() -> None:
                 if option.startswith("--") and option != "--help" and option not in pages:
                     missing.append(f"{name} {option}")
     assert not missing, f"the command-line reference does not document: {missing}"
+
+
+def test_the_definitions_page_is_what_the_example_declaration_builds() -> None:
+    checked = subprocess.run([sys.executable, str(ROOT / "tools" / "definitions_page.py"), "--check"],
+                             capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
