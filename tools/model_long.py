@@ -143,7 +143,14 @@ def main(argv: list[str] | None = None) -> int:
             "at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if not passed:
-            line["output_tail"] = output.splitlines()[-TAIL_LINES:]
+            # What failed and how to replay it; the whole output goes to a log of its own beside the results.
+            log = args.results.with_name(f"model_long-{line['at'].replace(':', '')}.log")
+            log.write_text(output)
+            lines = output.splitlines()
+            line["log"] = str(log)
+            line["failure"] = [text for text in lines
+                               if re.search(r"Violation|reproduce_failure|hypothesis-seed|Error:", text)][:20]
+            line["output_tail"] = lines[-TAIL_LINES:]
             failed.set()
         with lock:
             with args.results.open("a") as out:
