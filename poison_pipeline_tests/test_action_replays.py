@@ -6,6 +6,7 @@ process pauses" (its case number in the name), on small cycles delivered without
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,7 @@ from poison_pipeline.operations.edit import EditNotFound, edit
 from poison_pipeline.operations.purge import purge
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import RedriveError, Replacement, redrive
+from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import UndoError, undo
 from poison_pipeline.storage.journal import read_entry
 from poison_pipeline.storage.tables import PLANS, PURGED, QueueTables
@@ -397,3 +399,29 @@ def test_an_undo_of_a_redrive_to_another_queue_completed_after_that_queue_moved_
     assert places(declaration, "qc") == {}
     assert places(declaration, "qa") == {"a1": ["processed:processed"], "m1": [POISON], "m2": [POISON]}
     assert (accounted(declaration, "qc"), accounted(declaration, "qa")) == (0, 3)
+
+
+def test_a_redrive_run_again_by_its_id_with_other_arguments_completes_as_recorded(make_declaration, monkeypatch):
+    """Found by the model's long profile: a redrive into another queue killed after its append, run
+    again by its id without `--to`, sent the planned messages to its own queue as well."""
+    declaration = lake(make_declaration, "q", "other")
+    two_in_poison(declaration)
+    with monkeypatch.context() as patch:
+        kill_before(patch, redrive_module, "_remove_from_source", 1)  # in other/inbound, still in q/poison
+        with pytest.raises(Killed):
+            redrive(declaration, "q", POISON, to="other", redrive_id="r1")
+    again = redrive(declaration, "q", POISON, Selection(ids=("m1",)), redrive_id="r1")
+    assert (again.target, again.moved, again.as_recorded) == ("other", 2, {"to": "other", "selection": {}})
+    assert "completed as it was recorded when it was interrupted" in redrive_module.format_redrive(again)
+    assert places(declaration) == {}
+    assert places(declaration, "other") == {"m1": [INBOUND], "m2": [INBOUND]}
+    assert accounted(declaration) + accounted(declaration, "other") == 2
+
+
+def test_a_selection_is_the_one_its_recorded_arguments_name() -> None:
+    every_filter = Selection(group="g", error_type="E", message_type="t", conversation="c",
+                             failed_after=datetime(2026, 1, 1, tzinfo=UTC),
+                             failed_before=datetime(2026, 2, 1, tzinfo=UTC), ids=("m1", "m2"), where="body_size > 3")
+    assert {f.name for f in dataclasses.fields(Selection)} == set(every_filter.arguments())
+    assert Selection.of_arguments(json.loads(json.dumps(every_filter.arguments()))) == every_filter
+    assert Selection.of_arguments({}) == Selection()

@@ -100,6 +100,14 @@ class RedriveRequest:
             arguments["replaced"] = sorted(mid for mid, _ in self.replace)
         return arguments
 
+    def as_recorded(self, recorded: dict[str, Any]) -> RedriveRequest:
+        """The request an action recorded: run again by its id, an interrupted redrive completes what it
+        planned, from where and to where it planned it, whatever this call asks (the replacements
+        are this call's: an action records only whose body it replaced)."""
+        return RedriveRequest(recorded["queue"], recorded["from"], recorded["to"],
+                              Selection.of_arguments(recorded.get("selection") or {}), recorded.get("rate"),
+                              recorded.get("limit"), bool(recorded.get("force")), self.replace)
+
 
 @dataclass
 class RedriveResult:
@@ -123,6 +131,9 @@ class RedriveResult:
     last_due: datetime | None = None
     action_id: str | None = None
     abandoned: bool = False  # with already_done: closed by a cycle, killed before it planned anything
+    # Run again with the id of an interrupted redrive: the arguments it recorded that this call differed
+    # from (the recorded ones were used), e.g. {"to": "qb"}.
+    as_recorded: dict[str, Any] = field(default_factory=dict)
 
 
 def redrive(declaration: Declaration, queue: str, source: str, selection: Selection | None = None, *,
@@ -276,13 +287,18 @@ def app_id(source_queue: str, redrive_id: str) -> str:
 def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter, redrive_id: str, actor: str,
          run_id: str, now: datetime, progress: Callable[[int, int], None]) -> RedriveResult:
     tables = writer.tables
-    target = QueueTables.of(declaration, request.to)
-    touched = [(tables, request.source), (target, INBOUND)]
     recorded = find_action(tables, redrive_id)
     if recorded is not None and recorded.state != PLANNED:
         remove_plan(writer, KIND, redrive_id)  # killed after it was recorded done
         return RedriveResult(redrive_id, request.queue, request.source, request.to, False, already_done=True,
                              action_id=redrive_id, abandoned=recorded.state == ABANDONED)
+    asked = request.arguments()
+    if recorded is not None:
+        # Sent elsewhere, a completion would leave the copies the interrupted run sent in its target.
+        request = request.as_recorded(recorded.arguments)
+    differs = {k: v for k, v in request.arguments().items() if asked.get(k) != v}
+    target = QueueTables.of(declaration, request.to)
+    touched = [(tables, request.source), (target, INBOUND)]
     plan = read_plan(tables, KIND, redrive_id) if recorded is not None else None
     if plan is None:
         fresh = _plan(declaration, request, tables, redrive_id, now)
@@ -308,6 +324,7 @@ def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter,
     finish_action(writer, action, {**counts, "moved": moved.num_rows, "skipped_moved_since": skipped}, touched)
     remove_plan(writer, KIND, redrive_id)
     result.action_id = action.action_id
+    result.as_recorded = differs
     return result
 
 
@@ -442,6 +459,10 @@ def format_redrive(result: RedriveResult) -> str:
         return (f"redrive {result.redrive_id} already completed: nothing moved now "
                 "(give another --id to redrive again)")
     lines = [head + (" (dry run: no table changed)" if result.dry_run else "")]
+    if result.as_recorded:
+        recorded = ", ".join(f"{k} {json.dumps(v)}" for k, v in sorted(result.as_recorded.items()))
+        lines.append(f"  completed as it was recorded when it was interrupted ({recorded}), not as this "
+                     "command asked")
     for count, why in ((result.skipped_processed, "already processed by the target (its ledger): left in place"),
                        (result.skipped_loop_guard, "redriven max_redrives times already: left in place "
                                                    "(--force to send them anyway)"),

@@ -42,6 +42,18 @@ class Selection:
         return {k: (v.isoformat() if isinstance(v, datetime) else list(v) if isinstance(v, tuple) else v)
                 for k, v in given.items()}
 
+    @classmethod
+    def of_arguments(cls, arguments: dict[str, Any]) -> Selection:
+        """The selection an action recorded with `arguments()`."""
+        def at(key: str) -> datetime | None:
+            return None if arguments.get(key) is None else datetime.fromisoformat(arguments[key])
+
+        ids = arguments.get("ids")
+        return cls(group=arguments.get("group"), error_type=arguments.get("error_type"),
+                   message_type=arguments.get("message_type"), conversation=arguments.get("conversation"),
+                   failed_after=at("failed_after"), failed_before=at("failed_before"),
+                   ids=None if ids is None else tuple(ids), where=arguments.get("where"))
+
 
 def check_table(table: str) -> None:
     if table not in FAILURE_TABLES:
