@@ -425,3 +425,36 @@ def test_a_selection_is_the_one_its_recorded_arguments_name() -> None:
     assert {f.name for f in dataclasses.fields(Selection)} == set(every_filter.arguments())
     assert Selection.of_arguments(json.loads(json.dumps(every_filter.arguments()))) == every_filter
     assert Selection.of_arguments({}) == Selection()
+
+
+def test_an_id_of_another_kind_of_action_is_refused_and_changes_nothing(make_declaration):
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    redrive(declaration, "q", POISON, Selection(ids=("m1",)), redrive_id="r1")
+    cycle(declaration)
+    before = places(declaration)
+    taken = "'r1' is already used by queue 'q' for an action of kind 'redrive', not '{}'"
+    with pytest.raises(purge_module.PurgeError, match=taken.format("purge")):
+        purge(declaration, "q", POISON, 0, purge_id="r1")
+    with pytest.raises(edit_module.EditError, match=taken.format("edit")):
+        edit(declaration, "m2", b'{"fail": false}', queue="q", edit_id="r1")
+    with pytest.raises(edit_module.EditError, match=taken.format("edit")):
+        edit(declaration, "m2", b'{"fail": false}', edit_id="r1")  # found in whichever queue records it
+    purge(declaration, "q", POISON, 0, Selection(ids=("m2",)), purge_id="p1")
+    with pytest.raises(RedriveError, match="'p1' is already used by queue 'q' for an action of kind 'purge', not"):
+        redrive(declaration, "q", POISON, redrive_id="p1")
+    assert places(declaration) == {"m1": before["m1"]}
+
+
+def test_an_edit_run_again_by_its_id_for_another_message_completes_the_recorded_one(make_declaration, monkeypatch):
+    declaration = lake(make_declaration, "q")
+    two_in_poison(declaration)
+    with monkeypatch.context() as patch:
+        kill_before(patch, edit_module, "redrive", 2)  # after its dry-run probe: the new body recorded, nothing sent
+        with pytest.raises(Killed):
+            edit(declaration, "m1", b'{"fixed": 1}', queue="q", edit_id="e1")
+    again = edit(declaration, "m2", b'{"fixed": 2}', queue="q", edit_id="e1")
+    assert (again.message_id, again.new_body, again.moved) == ("m1", b'{"fixed": 1}', 1)
+    assert places(declaration) == {"m1": [INBOUND], "m2": [POISON]}
+    bodies = {r["message_id"]: r["body"] for r in QueueTables.of(declaration, "q").message_rows(INBOUND, "m1")}
+    assert bodies == {"m1": b'{"fixed": 1}'}

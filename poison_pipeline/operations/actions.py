@@ -79,6 +79,20 @@ def queue_recording(declaration: Declaration, action_id: str, other_than: str) -
     return None
 
 
+def reused_id(declaration: Declaration, action_id: str, queue: str, kind: str) -> str | None:
+    """Why an operator's `--id` cannot name a `kind` of `queue`: another queue's action has it, or
+    another kind of action of this queue. None: it is new, or names this queue's own `kind` (run
+    again, that action completes as it was recorded)."""
+    if (owner := queue_recording(declaration, action_id, queue)) is not None:
+        return (f"--id {action_id!r} is already used by an action of queue {owner!r}: an id names one action of "
+                "one queue; give another id. Nothing was changed.")
+    recorded = find_action(QueueTables.of(declaration, queue), action_id)
+    if recorded is not None and recorded.kind != kind:
+        return (f"--id {action_id!r} is already used by queue {queue!r} for an action of kind {recorded.kind!r}, "
+                f"not {kind!r}: an id names one action; give another id. Nothing was changed.")
+    return None
+
+
 @contextmanager
 def operator_writer(declaration: Declaration, tables: QueueTables, purpose: str, run_id: str = "manual",
                     resuming: Sequence[str] = ()) -> Iterator[QueueWriter]:

@@ -43,7 +43,7 @@ from poison_pipeline.operations.actions import (
     finish_action,
     new_action_id,
     operator_writer,
-    queue_recording,
+    reused_id,
 )
 from poison_pipeline.operations.redrive import Replacement, redrive
 from poison_pipeline.operations.selection import Selection
@@ -101,6 +101,8 @@ def _failed_copies(declaration: Declaration, message_id: str, queue: str | None,
 def _recorded_edit(declaration: Declaration, edit_id: str, queue: str | None) -> tuple[str, Any] | None:
     for name in [queue] if queue else list(declaration.queues):
         action = find_action(QueueTables.of(declaration, name), edit_id)
+        if action is not None and action.kind != "edit":
+            raise EditError(reused_id(declaration, edit_id, name, "edit") or edit_id)
         if action is not None:
             return name, action
     return None
@@ -119,9 +121,8 @@ def edit(declaration: Declaration, message_id: str, body: bytes, headers: dict[s
         raise EditError(f"--from {source!r}: choose poison, dead_letter or quarantine")
     given_id = operator_id(edit_id, EditError)
     if given_id is not None and queue is not None and \
-            (owner := queue_recording(declaration, given_id, queue)) is not None:
-        raise EditError(f"--id {given_id!r} is already used by an action of queue {owner!r}: an id names one "
-                        "action of one queue; give another id. Nothing was changed.")
+            (why := reused_id(declaration, given_id, queue, "edit")) is not None:
+        raise EditError(why)
     edit_id = given_id or new_action_id("edit")
     actor = actor or default_actor()
     copies = _failed_copies(declaration, message_id, queue, source)
@@ -175,6 +176,9 @@ def _resume_or_done(declaration: Declaration, queue: str, action: Any, message_i
     source = action.arguments["from"]
     if action.state in (DONE, ABANDONED):
         recorded = edit_row(QueueTables.of(declaration, queue), action.action_id)
+        # What the edit did, not what this call asked.
+        message_id = action.arguments.get("message_id", message_id)
+        body = recorded["new_body"] if recorded is not None else body
         result = _result(action.action_id, queue, source, message_id, body, recorded, action.actor)
         result.already_done, result.action_id = True, action.action_id
         result.abandoned = action.state == ABANDONED
@@ -208,6 +212,12 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
         if action is not None and action.state in (DONE, ABANDONED):  # another run closed it meanwhile
             return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now)
         row = edit_row(tables, edit_id)
+        if row is not None:
+            message_id = row["message_id"]  # run again: the edit completes as it recorded it
+        elif action is not None and (action.arguments.get("message_id") != message_id or
+                                     action.arguments.get("body_sha256") != hashlib.sha256(body).hexdigest()):
+            raise EditError(f"edit {edit_id} was begun for message {action.arguments.get('message_id')!r} with "
+                            "another body, and killed before it recorded it: give another id. Nothing was changed.")
         if row is None:
             failed = tables.message_rows(source, message_id)
             if not failed:

@@ -54,7 +54,7 @@ from poison_pipeline.operations.actions import (
     new_action_id,
     operator_writer,
     planned_actions,
-    queue_recording,
+    reused_id,
     table_version,
 )
 from poison_pipeline.operations.groups import group_id, group_key
@@ -137,9 +137,8 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
     except SelectionError as error:
         raise PurgeError(f"--table {error}") from None
     if (given := operator_id(purge_id, PurgeError)) is not None and \
-            (owner := queue_recording(declaration, given, queue)) is not None:
-        raise PurgeError(f"--id {given!r} is already used by an action of queue {owner!r}: an id names one action "
-                         "of one queue; give another id. Nothing was changed.")
+            (why := reused_id(declaration, given, queue, KIND)) is not None:
+        raise PurgeError(why)
     age = _age(older_than)
     now = now or datetime.now(UTC)
     bounded, cutoff = _bounded(selection or Selection(), now - age)

@@ -53,7 +53,7 @@ from poison_pipeline.operations.actions import (
     finish_action,
     new_action_id,
     operator_writer,
-    queue_recording,
+    reused_id,
     table_version,
 )
 from poison_pipeline.operations.groups import group_id, group_key
@@ -151,9 +151,8 @@ def redrive(declaration: Declaration, queue: str, source: str, selection: Select
     request = _checked(declaration, RedriveRequest(queue, source, to or queue, selection or Selection(),
                                                    rate, limit, force, replacements))
     given = operator_id(redrive_id, RedriveError)
-    if given is not None and (owner := queue_recording(declaration, given, queue)) is not None:
-        raise RedriveError(f"--id {given!r} is already used by an action of queue {owner!r}: an id names one "
-                           "action of one queue; give another id. Nothing was changed.")
+    if given is not None and (why := reused_id(declaration, given, queue, KIND)) is not None:
+        raise RedriveError(why)
     redrive_id = given or new_action_id(KIND)
     tables = QueueTables.of(declaration, queue)
     if dry_run:
