@@ -37,9 +37,9 @@ def add_parser(commands: Commands) -> None:
         "inbound (or --to another queue's). Filters combine (all must hold). Messages keep their\n"
         "message_id; their abort and move counts restart and redrive_count goes up by one.\n"
         "Messages the target already processed, and messages redriven max_redrives times (unless\n"
-        "--force), are left where they are and counted. A redrive has an id (--id, default derived\n"
-        "from the arguments): killed and run again with the same id it completes without moving\n"
-        "anything twice; run again after it completed, it moves nothing.",
+        "--force), are left where they are and counted. A redrive has an id (--id, default a new\n"
+        "one at every invocation): killed and run again with the same id it completes as it was\n"
+        "recorded, without moving anything twice; run again after it completed, it moves nothing.",
         run,
     )
     sub.add_argument("queue", metavar="QUEUE", help="the queue whose failed messages are redriven")
