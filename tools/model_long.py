@@ -8,7 +8,8 @@ The code is named by a hash of what the model runs: the product's packages below
 Dagster (`MODEL_RUNS`) and the model's test files (`test_model.py` and every test module that is not
 a `test_*.py` file). A commit that touches none of them (the CLI, Dagster's layer, other tests, docs,
 the results file itself) keeps the chunks already run. A failing chunk
-stops the run; its line holds the end of pytest's output (the failing sequence and its blob).
+stops the run; its line holds its failure lines (the violation, the seed to replay it) and names the
+log beside the results that keeps its whole output.
 
     .venv/bin/python tools/model_long.py [--workers N] [--sequences 2000] [--chunk 25] [--results F]
 """

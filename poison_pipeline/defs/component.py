@@ -62,8 +62,7 @@ class PoisonQueuesComponent(dg.Component):
         raw = _written_attributes(context)
         if raw is None:  # built from a dict in Python (from_attributes_dict): the model is all there is
             raw = attributes.model_dump(mode="json", exclude_unset=True) if attributes is not None else {}
-        source = str(getattr(context, "path", "<attributes>"))
-        return cls(parse_declaration(raw, f"{source} (attributes)", _project_root(context)))
+        return cls(parse_declaration(raw, f"{context.path} (attributes)", Path(context.project_root)))
 
     def definitions(self) -> dg.Definitions:
         """The queues' Dagster definitions, without a component tree (`definitions.py` uses this)."""
@@ -81,8 +80,3 @@ def _written_attributes(context: dg.ComponentLoadContext) -> dict[str, Any] | No
     written = decl.component_file_model.attributes or {}
     rendered = context.resolution_context.resolve_value(written)
     return rendered if isinstance(rendered, dict) else None
-
-
-def _project_root(context: dg.ComponentLoadContext) -> Path | None:
-    root = getattr(context, "project_root", None)
-    return Path(root) if root is not None else None
