@@ -1,6 +1,6 @@
 """What redriving a range of failure days as a Dagster backfill costs: one in-process run of the
 redrive asset over `--days` daily partitions (one run, BackfillPolicy.single_run), against the
-baseline of one plain `redrive()` call over the same time range (what the CLI does).
+baseline of one plain `redrive_table()` call over the same time range (what the CLI does).
 
 `--per-day` poison messages failed on each of the last `--days` days (rows written with delta-rs: no
 Spark, as the redrive itself uses none). Each round copies the same lake for both variants, in
@@ -28,7 +28,7 @@ from cycle_throughput import emit  # noqa: E402
 from poison_pipeline.defs.build import build_definitions  # noqa: E402
 from poison_pipeline.defs.naming import redrive_job_name  # noqa: E402
 from poison_pipeline.domain.declaration import parse_declaration  # noqa: E402
-from poison_pipeline.operations.redrive import redrive  # noqa: E402
+from poison_pipeline.operations.redrive import redrive_table  # noqa: E402
 from poison_pipeline.operations.selection import Selection  # noqa: E402
 from poison_pipeline.storage import schemas  # noqa: E402
 from poison_pipeline.storage.tables import QueueTables  # noqa: E402
@@ -68,7 +68,7 @@ def _dagster(lake: Path, first: str, last: str) -> int:
 
 
 def _plain(lake: Path, start: datetime, end: datetime) -> int:
-    return redrive(_declaration(lake), "q", "poison", Selection(failed_after=start, failed_before=end)).moved
+    return redrive_table(_declaration(lake), "q", "poison", Selection(failed_after=start, failed_before=end)).moved
 
 
 def run(days: int, per_day: int, rounds: int, workdir: str) -> dict[str, Any]:

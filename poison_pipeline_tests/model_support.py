@@ -405,8 +405,8 @@ def run_op(config: str, op: str, args: dict[str, Any]) -> str:
         done = enqueue_data(declaration, args["queue"], data)
         return json.dumps({"accepted": done.accepted, "refused": [r.message_id for r in done.refused]})
     if op == "redrive":
-        from poison_pipeline.operations.redrive import redrive
-        result = redrive(declaration, args["queue"], args["source"], selection_of(args.get("selection")),
+        from poison_pipeline.operations.redrive import redrive_table
+        result = redrive_table(declaration, args["queue"], args["source"], selection_of(args.get("selection")),
                          to=args.get("to"), redrive_id=args.get("id"), actor="model", run_id="model")
         return f"redrive {result.redrive_id} moved {result.moved} already_done={result.already_done}"
     if op == "edit":
@@ -415,8 +415,8 @@ def run_op(config: str, op: str, args: dict[str, Any]) -> str:
                       edit_id=args.get("id"), actor="model", run_id="model")
         return f"edit {edited}"
     if op == "purge":
-        from poison_pipeline.operations.purge import purge
-        purged = purge(declaration, args["queue"], args["table"], timedelta(seconds=args.get("older_than", 0)),
+        from poison_pipeline.operations.purge import purge_table
+        purged = purge_table(declaration, args["queue"], args["table"], timedelta(seconds=args.get("older_than", 0)),
                        selection_of(args.get("selection")), purge_id=args.get("id"), actor="model", run_id="model")
         return f"purge {purged}"
     if op == "undo":

@@ -33,8 +33,8 @@ import pyarrow.parquet as pq
 
 from poison_pipeline.domain.declaration import Declaration, load_declaration
 from poison_pipeline.operations.edit import edit
-from poison_pipeline.operations.purge import purge
-from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.purge import purge_table
+from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage.tables import ACTIONS
@@ -52,13 +52,13 @@ def run_operation(declaration: Declaration, operation: str, args: dict[str, Any]
     selection = Selection(**chosen)
     result: Any
     if operation == "redrive":
-        result = redrive(declaration, args["queue"], args["source"], selection, rate=args.get("rate"),
+        result = redrive_table(declaration, args["queue"], args["source"], selection, rate=args.get("rate"),
                          redrive_id=args["id"], now=now)
     elif operation == "edit":
         result = edit(declaration, args["message_id"], args["body"].encode(), args.get("headers"),
                       edit_id=args["id"], now=now)
     elif operation == "purge":
-        result = purge(declaration, args["queue"], args["table"], args["older_than"], selection,
+        result = purge_table(declaration, args["queue"], args["table"], args["older_than"], selection,
                        purge_id=args["id"], now=now)
     elif operation == "undo":
         result = undo(declaration, args["id"], now=now)

@@ -13,9 +13,9 @@ import yaml
 
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage.intake import accepted_total
 from poison_pipeline.storage.tables import QueueTables
@@ -47,13 +47,13 @@ def operator_sequence(make_declaration: Any, root: str, options: dict[str, str])
     cycle()
     assert places(declaration) == {"ok": ["processed:processed"], "p1": ["poison"], "p2": ["poison"]}
     balanced()
-    redriven = redrive(declaration, "q", "poison", redrive_id="r1")
+    redriven = redrive_table(declaration, "q", "poison", redrive_id="r1")
     assert redriven.moved == 2 and places(declaration)["p1"] == ["inbound"]
     balanced()
     assert undo(declaration, "r1").restored == 2
     assert places(declaration)["p1"] == ["poison"]
     balanced()
-    assert purge(declaration, "q", "poison", older_than="0s", purge_id="x1").purged == 2
+    assert purge_table(declaration, "q", "poison", older_than="0s", purge_id="x1").purged == 2
     assert set(places(declaration)) == {"ok"}
     balanced()
 

@@ -28,9 +28,9 @@ from poison_pipeline.operations.actions import ABANDONED, DONE, PLANNED, find_ac
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditNotFound, edit
-from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import RedriveError, Replacement, redrive
+from poison_pipeline.operations.redrive import RedriveError, Replacement, redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import UndoError, undo
 from poison_pipeline.storage.journal import read_entry
@@ -112,16 +112,16 @@ def two_in_poison(declaration: Declaration) -> None:
 def test_case_1_redrive_undo_and_the_same_redrive_again_moves_them_again(make_declaration):
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
-    first = redrive(declaration, "q", POISON)
+    first = redrive_table(declaration, "q", POISON)
     assert undo(declaration, first.action_id).restored == 2
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
-    again = redrive(declaration, "q", POISON)
+    again = redrive_table(declaration, "q", POISON)
     assert again.redrive_id != first.redrive_id  # a new invocation is a new action
     assert (again.moved, again.already_done) == (2, False)
     assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND]}
     assert accounted(declaration) == 2
     # The undone action's own id resumes that action, which is over: nothing moves.
-    assert redrive(declaration, "q", POISON, redrive_id=first.redrive_id).already_done
+    assert redrive_table(declaration, "q", POISON, redrive_id=first.redrive_id).already_done
     assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND]}
 
 
@@ -135,10 +135,10 @@ def test_a_committed_chunk_missing_from_the_target_leaves_the_source_alone(make_
     with monkeypatch.context() as patch:
         kill_before(patch, QueueWriter, "replace_batches", 1)  # appended, not removed from poison yet
         with pytest.raises(Killed):
-            redrive(declaration, "q", POISON, redrive_id="r1")
+            redrive_table(declaration, "q", POISON, redrive_id="r1")
     DeltaTable(inbound.table_uri).restore(before)  # the append taken back; its app transaction stays
     with pytest.raises(RedriveError, match="records the chunks of 2 message"):
-        redrive(declaration, "q", POISON, redrive_id="r1")
+        redrive_table(declaration, "q", POISON, redrive_id="r1")
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
     assert find_action(QueueTables.of(declaration, "q"), "r1").state == PLANNED
     assert accounted(declaration) == 2
@@ -156,9 +156,9 @@ def test_case_2_an_id_another_queue_used_is_refused_and_changes_nothing(make_dec
     send(declaration, "b", {"b1": {"fail": True}})
     cycle(declaration, "a")
     cycle(declaration, "b")
-    assert redrive(declaration, "a", POISON, to="z", redrive_id="fix1").moved == 1
+    assert redrive_table(declaration, "a", POISON, to="z", redrive_id="fix1").moved == 1
     with pytest.raises(RedriveError, match="'fix1' is already used by an action of queue 'a'"):
-        redrive(declaration, "b", POISON, to="z", redrive_id="fix1")
+        redrive_table(declaration, "b", POISON, to="z", redrive_id="fix1")
     run = ["--config", _config(declaration, tmp_path), "redrive", "b", "--from", POISON, "--to", "z", "--id", "fix1"]
     assert cli.main(run) == cli.EXIT_USAGE
     assert "already used by an action of queue 'a'" in capsys.readouterr().err
@@ -166,7 +166,7 @@ def test_case_2_an_id_another_queue_used_is_refused_and_changes_nothing(make_dec
     assert places(declaration, "z") == {"a1": [INBOUND]}
     assert accounted(declaration, "b") == 1
     # Another id goes through: the target's app transactions are the source queue's own.
-    assert redrive(declaration, "b", POISON, to="z", redrive_id="fix2").moved == 1
+    assert redrive_table(declaration, "b", POISON, to="z", redrive_id="fix2").moved == 1
     assert places(declaration, "z") == {"a1": [INBOUND], "b1": [INBOUND]}
     assert (accounted(declaration, "a"), accounted(declaration, "b")) == (0, 0)
 
@@ -178,9 +178,9 @@ def test_case_5_a_purge_first_completes_an_interrupted_redrive_and_purges_nothin
     with monkeypatch.context() as patch:
         kill_after(patch, redrive_module, "write_plan", 1)
         with pytest.raises(Killed):
-            redrive(declaration, "q", POISON, redrive_id="r1")
+            redrive_table(declaration, "q", POISON, redrive_id="r1")
     # The redrive may have sent copies already: the purge completes it before it selects anything.
-    held = purge(declaration, "q", POISON, 0)
+    held = purge_table(declaration, "q", POISON, 0)
     assert (held.purged, held.resumed, held.skipped_held) == (0, ["r1"], 0)
     done = find_action(QueueTables.of(declaration, "q"), "r1")
     assert (done.state, done.counts["moved"], done.counts["skipped_moved_since"]) == (DONE, 2, 0)
@@ -202,10 +202,10 @@ def test_case_13_a_purge_killed_then_a_redrive_completes_the_purge_first(make_de
         else:
             kill_before(patch, QueueWriter, "replace_batches", 1)
         with pytest.raises(Killed):
-            purge(declaration, "q", POISON, 0, purge_id="p1")
+            purge_table(declaration, "q", POISON, 0, purge_id="p1")
     assert purged_ids(declaration) == ([] if killed == "after its plan" else ["m1", "m2"])
     # The purge came first: the redrive completes it before it selects anything, and finds nothing.
-    assert redrive(declaration, "q", POISON).moved == 0
+    assert redrive_table(declaration, "q", POISON).moved == 0
     done = find_action(QueueTables.of(declaration, "q"), "p1")
     assert (done.state, done.counts["purged"], done.counts["skipped_moved_since"]) == (DONE, 2, 0)
     assert cycle(declaration).interrupted.completed == []
@@ -220,7 +220,7 @@ def test_case_6_an_undo_killed_then_an_enqueue_then_the_undo_again_compensates_w
                                                                                      monkeypatch, killed_before):
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
-    redrive(declaration, "q", POISON, redrive_id="r1")
+    redrive_table(declaration, "q", POISON, redrive_id="r1")
     with monkeypatch.context() as patch:
         kill_before(patch, QueueWriter, *killed_before)
         with pytest.raises(Killed):
@@ -236,7 +236,7 @@ def test_case_12_undo_of_a_redrive_into_a_queue_it_created_brings_the_message_ba
     declaration = lake(make_declaration, "qb", "qc")
     send(declaration, "qb", {"m1": {"fail": True}})
     cycle(declaration, "qb")
-    done = redrive(declaration, "qb", POISON, to="qc")
+    done = redrive_table(declaration, "qb", POISON, to="qc")
     assert QueueTables.of(declaration, "qb").exists(POISON)
     assert find_action(QueueTables.of(declaration, "qb"), done.action_id).versions["qc/inbound"]["before"] is None
     result = undo(declaration, done.action_id)
@@ -251,7 +251,7 @@ def test_case_14_an_undo_finishes_the_queues_staged_cycle_first(make_declaration
     send(declaration, "q", {"m1": {"fail": True}})
     cycle(declaration)
     fixed = {"m1": Replacement(b"{}", ())}
-    redrive(declaration, "q", POISON, redrive_id="r1", replace=fixed)
+    redrive_table(declaration, "q", POISON, redrive_id="r1", replace=fixed)
     with monkeypatch.context() as patch:
         def killed(*args: Any, **kwargs: Any) -> None:
             raise Killed("killed after staging")
@@ -273,12 +273,12 @@ def test_a_redrive_and_a_purge_without_an_id_are_new_actions_each_time(make_decl
     now = datetime.now(UTC)
     send(declaration, "q", {"m1": {"fail": True}})
     cycle(declaration)
-    ids = {redrive_module.redrive(declaration, "q", POISON, dry_run=True, now=now).redrive_id for _ in range(2)}
+    ids = {redrive_module.redrive_table(declaration, "q", POISON, dry_run=True, now=now).redrive_id for _ in range(2)}
     assert len(ids) == 2
-    first = purge(declaration, "q", POISON, 0, now=now + timedelta(seconds=1))
+    first = purge_table(declaration, "q", POISON, 0, now=now + timedelta(seconds=1))
     send(declaration, "q", {"m2": {"fail": True}})
     cycle(declaration)
-    second = purge(declaration, "q", POISON, 0)
+    second = purge_table(declaration, "q", POISON, 0)
     assert first.purge_id != second.purge_id and (first.purged, second.purged) == (1, 1)
     assert accounted(declaration) == 2
 
@@ -290,14 +290,14 @@ def test_a_redrive_killed_before_its_plan_is_closed_abandoned_by_the_next_cycle(
     with monkeypatch.context() as patch:
         kill_before(patch, redrive_module, "write_plan", 1)
         with pytest.raises(Killed):
-            redrive(declaration, "q", POISON, redrive_id="r1")
+            redrive_table(declaration, "q", POISON, redrive_id="r1")
     assert find_action(tables, "r1").state == PLANNED
     assert cycle(declaration).interrupted.abandoned == ["r1"]
     closed = find_action(tables, "r1")
     assert (closed.state, closed.counts["moved"]) == (ABANDONED, 0)
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
     # Its id stays taken: run again, it says so and moves nothing; there is nothing to undo.
-    again = redrive(declaration, "q", POISON, redrive_id="r1")
+    again = redrive_table(declaration, "q", POISON, redrive_id="r1")
     assert (again.already_done, again.abandoned, again.moved) == (True, True, 0)
     assert "was abandoned" in redrive_module.format_redrive(again)
     with pytest.raises(UndoError, match="abandoned"):
@@ -328,7 +328,7 @@ def test_an_edit_completes_an_interrupted_redrive_of_its_message_first(make_decl
     with monkeypatch.context() as patch:
         kill_before(patch, redrive_module, "_remove_from_source", 1)
         with pytest.raises(Killed):
-            redrive(declaration, "q", POISON, redrive_id="r1")
+            redrive_table(declaration, "q", POISON, redrive_id="r1")
     assert places(declaration) == {"m1": [INBOUND, POISON], "m2": [INBOUND, POISON]}
     with pytest.raises(EditNotFound, match="left q/poison"):
         edit(declaration, "m1", b'{"fail": false}', queue="q", source=POISON, edit_id="e1")
@@ -344,7 +344,7 @@ def test_an_undo_into_another_queue_killed_half_way_is_completed_by_its_queues_n
     undo did."""
     declaration = lake(make_declaration, "q", "z")
     two_in_poison(declaration)
-    redrive(declaration, "q", POISON, to="z", redrive_id="r1")
+    redrive_table(declaration, "q", POISON, to="z", redrive_id="r1")
     send(declaration, "z", {"n1": {}})  # z changed since: the undo compensates
     with monkeypatch.context() as patch:
         kill_before(patch, QueueWriter, "replace_batches", 2)  # the first holds the copies
@@ -371,7 +371,7 @@ def test_an_undo_keeps_a_message_enqueued_while_the_redrive_ran(make_declaration
 
     with monkeypatch.context() as patch:
         patch.setattr(redrive_module, "_remove_from_source", enqueue_meanwhile)
-        redrive(declaration, "q", POISON, redrive_id="r1")
+        redrive_table(declaration, "q", POISON, redrive_id="r1")
     assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND], "n1": [INBOUND]}
     undo(declaration, "r1")
     assert places(declaration) == {"m1": [POISON], "m2": [POISON], "n1": [INBOUND]}
@@ -390,7 +390,7 @@ def test_an_undo_of_a_redrive_to_another_queue_completed_after_that_queue_moved_
     with monkeypatch.context() as patch:
         kill_before(patch, redrive_module, "_remove_from_source", 1)
         with pytest.raises(Killed):
-            redrive(declaration, "qc", POISON, to="qa", redrive_id="r5")
+            redrive_table(declaration, "qc", POISON, to="qa", redrive_id="r5")
     cycle(declaration, "qa")
     assert places(declaration, "qa") == {"a1": ["processed:processed"], "m1": [POISON], "m2": [POISON]}
     assert cycle(declaration, "qc").interrupted.completed == ["r5"]
@@ -409,8 +409,8 @@ def test_a_redrive_run_again_by_its_id_with_other_arguments_completes_as_recorde
     with monkeypatch.context() as patch:
         kill_before(patch, redrive_module, "_remove_from_source", 1)  # in other/inbound, still in q/poison
         with pytest.raises(Killed):
-            redrive(declaration, "q", POISON, to="other", redrive_id="r1")
-    again = redrive(declaration, "q", POISON, Selection(ids=("m1",)), redrive_id="r1")
+            redrive_table(declaration, "q", POISON, to="other", redrive_id="r1")
+    again = redrive_table(declaration, "q", POISON, Selection(ids=("m1",)), redrive_id="r1")
     assert (again.target, again.moved, again.as_recorded) == ("other", 2, {"to": "other", "selection": {}})
     assert "completed as it was recorded when it was interrupted" in redrive_module.format_redrive(again)
     assert places(declaration) == {}
@@ -430,19 +430,19 @@ def test_a_selection_is_the_one_its_recorded_arguments_name() -> None:
 def test_an_id_of_another_kind_of_action_is_refused_and_changes_nothing(make_declaration):
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
-    redrive(declaration, "q", POISON, Selection(ids=("m1",)), redrive_id="r1")
+    redrive_table(declaration, "q", POISON, Selection(ids=("m1",)), redrive_id="r1")
     cycle(declaration)
     before = places(declaration)
     taken = "'r1' is already used by queue 'q' for an action of kind 'redrive', not '{}'"
     with pytest.raises(purge_module.PurgeError, match=taken.format("purge")):
-        purge(declaration, "q", POISON, 0, purge_id="r1")
+        purge_table(declaration, "q", POISON, 0, purge_id="r1")
     with pytest.raises(edit_module.EditError, match=taken.format("edit")):
         edit(declaration, "m2", b'{"fail": false}', queue="q", edit_id="r1")
     with pytest.raises(edit_module.EditError, match=taken.format("edit")):
         edit(declaration, "m2", b'{"fail": false}', edit_id="r1")  # found in whichever queue records it
-    purge(declaration, "q", POISON, 0, Selection(ids=("m2",)), purge_id="p1")
+    purge_table(declaration, "q", POISON, 0, Selection(ids=("m2",)), purge_id="p1")
     with pytest.raises(RedriveError, match="'p1' is already used by queue 'q' for an action of kind 'purge', not"):
-        redrive(declaration, "q", POISON, redrive_id="p1")
+        redrive_table(declaration, "q", POISON, redrive_id="p1")
     assert places(declaration) == {"m1": before["m1"]}
 
 
@@ -450,7 +450,7 @@ def test_an_edit_run_again_by_its_id_for_another_message_completes_the_recorded_
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
     with monkeypatch.context() as patch:
-        kill_before(patch, edit_module, "redrive", 2)  # after its dry-run probe: the new body recorded, nothing sent
+        kill_before(patch, edit_module, "redrive_table", 2)  # after its dry-run probe: the new body recorded, nothing sent
         with pytest.raises(Killed):
             edit(declaration, "m1", b'{"fixed": 1}', queue="q", edit_id="e1")
     again = edit(declaration, "m2", b'{"fixed": 2}', queue="q", edit_id="e1")

@@ -24,7 +24,7 @@ from poison_pipeline.operations.checks import (
 )
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import set_enabled
@@ -187,7 +187,7 @@ def test_conservation_balances_across_sends_unsent_sends_and_redrives_between_qu
     assert places(declaration, "orders") == {"o1": ["processed:processed"], "o2": ["processed:processed"],
                                              "o2/1": ["dead_letter"], "o3": ["poison"]}
     assert places(declaration, "shipping") == {"o1/1": ["inbound"]}
-    moved = redrive(declaration, "orders", "poison", to="shipping")  # o3 leaves orders for shipping
+    moved = redrive_table(declaration, "orders", "poison", to="shipping")  # o3 leaves orders for shipping
     assert moved.moved == 1
     lines = {q: check_conservation(t) for q, t in (("orders", orders), ("shipping", shipping))}
     assert all(c.passed for c in lines.values()), {q: c.description for q, c in lines.items()}

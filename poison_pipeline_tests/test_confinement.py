@@ -34,9 +34,9 @@ from poison_pipeline.examples.checks import hook_calls
 from poison_pipeline.handlers import UnsafePath, safe_path
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditError, edit
-from poison_pipeline.operations.purge import PurgeError, purge
+from poison_pipeline.operations.purge import PurgeError, purge_table
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import RedriveError, redrive
+from poison_pipeline.operations.redrive import RedriveError, redrive_table
 from poison_pipeline.operations.status import format_status, queue_status
 from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
 from poison_pipeline_tests.support import HANDLER, places, queue, rows, send, table_versions
@@ -186,9 +186,9 @@ def test_operator_ids_that_would_leave_the_lake_are_refused_before_anything_is_w
             err = capsys.readouterr().err
             assert LAKE_RULE in err and "Traceback" not in err, err
         with pytest.raises(RedriveError, match=LAKE_RULE):
-            redrive(declaration, "q", "quarantine", redrive_id=hostile)
+            redrive_table(declaration, "q", "quarantine", redrive_id=hostile)
         with pytest.raises(PurgeError, match=LAKE_RULE):
-            purge(declaration, "q", "quarantine", "1d", purge_id=hostile)
+            purge_table(declaration, "q", "quarantine", "1d", purge_id=hostile)
         with pytest.raises(EditError, match=LAKE_RULE):
             edit(declaration, "bad", b"{}", edit_id=hostile)
     assert main(["--config", str(config), "status", "--queue", "../q"]) == 2

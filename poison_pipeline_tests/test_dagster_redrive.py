@@ -131,7 +131,7 @@ def test_a_range_of_two_days_is_redriven_in_one_run_and_the_third_day_stays(lake
     # One redrive per source table, recorded with the run and the user who launched it.
     actions = {a.action_id: a for a in list_actions(lake, "q")}
     assert sorted(seen["redrive_ids"]) == sorted(actions)
-    assert sorted(actions) == sorted(redrive_id(result.run_id, t) for t in ("poison", "quarantine"))
+    assert sorted(actions) == sorted(f"{redrive_id(result.run_id)}-{t}" for t in ("poison", "quarantine"))
     assert all(a.state == DONE and a.actor == "alice" and a.run_id == result.run_id for a in actions.values())
 
 
@@ -166,7 +166,7 @@ def test_a_failure_group_selects_its_rows_in_every_source_table_that_has_them(la
     ({"limit": 0}, "limit"),
     ({"where": "message_id = 'x'; DROP TABLE poison"}, "where"),
     ({"where": "no_such_column = 1"}, "is not a predicate over the columns"),
-    ({"group": "0000beef"}, "group: failure group '0000beef'"),
+    ({"group": "0000beef"}, "--group failure group '0000beef'"),
 ])
 def test_invalid_config_fails_before_touching_any_table_naming_what_is_wrong(lake, config, says):
     before = table_versions(lake)
@@ -221,7 +221,7 @@ def test_re_executing_a_run_that_failed_half_way_completes_it_without_moving_any
     assert where["d2-withdrawal"] == where["d2-refund"] == ["inbound"]
     assert sorted(r["message_id"] for r in rows(lake, "inbound")) == ["d2-refund", "d2-withdrawal"]
     [action] = list_actions(lake, "q")
-    assert action.action_id == redrive_id(first.run_id, "poison")
+    assert action.action_id == redrive_id(first.run_id)
     assert action.state == DONE and action.counts["moved"] == 2
     assert conservation(QueueTables.of(lake, "q")).accounted == 6
 
@@ -264,7 +264,7 @@ def test_a_redrive_and_a_cycle_of_the_same_queue_launched_together_run_one_after
     assert where["slow"] == ["processed:processed"]
     assert all(where[f"d{i}-{kind}"] == ["inbound"] for i in range(3) for kind in ("withdrawal", "refund"))
     assert conservation(QueueTables.of(lake, "q")).accounted == 7
-    assert find_action(QueueTables.of(lake, "q"), redrive_id(results[redrive_job_name("q")].run_id, "poison"))
+    assert find_action(QueueTables.of(lake, "q"), f"{redrive_id(results[redrive_job_name('q')].run_id)}-poison")
 
 
 @pytest.mark.e2e

@@ -16,7 +16,7 @@ from poison_pipeline.operations.edit import edit
 from poison_pipeline.operations.history import history
 from poison_pipeline.operations.inspect_message import AsOfError, inspect_message
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.support import table_versions
@@ -41,7 +41,7 @@ def journey(spark, make_declaration, tmp_path: Path):
     poisoned_at = datetime.now(UTC)
     time.sleep(0.05)
     down.unlink()
-    result = redrive(declaration, "q", "poison", Selection(message_type="withdrawal"), actor="bob")
+    result = redrive_table(declaration, "q", "poison", Selection(message_type="withdrawal"), actor="bob")
     run_cycle(spark, declaration, "q", "inbound")
     return declaration, result.action_id, poisoned_version, poisoned_at
 

@@ -23,7 +23,7 @@ from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.operations.checks import check_conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.maintenance import RetentionTooShort, maintain, retention_hours
-from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.undo import undo
 from poison_pipeline.storage.tables import QueueTables, whole_file_removes
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
@@ -41,7 +41,7 @@ def test_after_maintenance_a_cycle_takes_every_small_batch_once_and_an_undo_stil
     run_cycle(spark, declaration, "q", "inbound")
     run_cycle(spark, declaration, "q", "retry_1")
     assert places(declaration)["p"] == ["poison"]
-    purged = purge(declaration, "q", "poison", 0)
+    purged = purge_table(declaration, "q", "poison", 0)
     assert purged.purged == 1
     for b in range(20):
         send(declaration, {f"m{b}-{i}": {} for i in range(3)})

@@ -31,9 +31,9 @@ from poison_pipeline.operations.actions import list_actions
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit
-from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.tables import ACTIONS, PLANS, PURGED, QueueTables
 from poison_pipeline_tests.conftest import SPARK
@@ -72,18 +72,18 @@ def _enqueue_new(declaration: Declaration) -> None:
 
 def _redriven_then_processed(spark, declaration: Declaration, at: datetime) -> None:
     """r1 leaves db-0 due now and db-1, db-2 later; a cycle then processes db-0 (and new-1)."""
-    redrive(declaration, "q", "poison", Selection(**WITHDRAWALS), rate=0.05, redrive_id="r1", now=at)
+    redrive_table(declaration, "q", "poison", Selection(**WITHDRAWALS), rate=0.05, redrive_id="r1", now=at)
     _enqueue_new(declaration)
     run_cycle(spark, declaration, "q", "inbound", now=at + timedelta(seconds=1))
 
 
 def _purged(spark, declaration: Declaration, at: datetime) -> None:
-    purge(declaration, "q", "poison", "30d", Selection(**WITHDRAWALS), purge_id="p1", now=at + MONTH)
+    purge_table(declaration, "q", "poison", "30d", Selection(**WITHDRAWALS), purge_id="p1", now=at + MONTH)
 
 
 def _purged_twice(spark, declaration: Declaration, at: datetime) -> None:
     _purged(spark, declaration, at)
-    purge(declaration, "q", "poison", "30d", Selection(message_type="refund"), purge_id="p2", now=at + MONTH)
+    purge_table(declaration, "q", "poison", "30d", Selection(message_type="refund"), purge_id="p2", now=at + MONTH)
 
 
 def _edited(spark, declaration: Declaration, at: datetime) -> None:
@@ -110,7 +110,7 @@ SCENARIOS: dict[str, Scenario] = {
                                 "id": "p1"}, {"p1": "done"}, last_answers_done="already_done"),
     "undo redrive at once, compensate": Scenario(
         "undo", _undo("r1"), {"r1": "undone", "undo-r1": "done"},
-        lambda spark, declaration, at: redrive(declaration, "q", "poison", Selection(**WITHDRAWALS),
+        lambda spark, declaration, at: redrive_table(declaration, "q", "poison", Selection(**WITHDRAWALS),
                                                redrive_id="r1"),
         last_answers_done="already_undone"),
     "undo redrive, compensate": Scenario(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
@@ -23,7 +24,7 @@ from poison_pipeline.operations import purge as purge_module
 from poison_pipeline.operations.actions import DONE, PLANNED, find_action, list_actions
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, apply_retention, purge
+from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, PurgeRequest, apply_retention, purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.operations.undo import undo
@@ -107,7 +108,7 @@ def test_each_table_is_purged_its_ids_kept_in_the_ledger_and_conservation_balanc
     declaration, _ = lake
     now = datetime.now(UTC) + LATER
     for queue, table, expected in (("q", "poison", 3), ("q", "quarantine", 3), ("r", "dead_letter", 2)):
-        result = purge(declaration, queue, table, "30d", actor="alice", now=now)
+        result = purge_table(declaration, queue, table, "30d", actor="alice", now=now)
         assert (result.purged, result.dry_run) == (expected, False)
         assert ids(declaration, table, queue) == []
         action = find_action(QueueTables.of(declaration, queue), result.action_id)
@@ -125,19 +126,19 @@ def test_each_table_is_purged_its_ids_kept_in_the_ledger_and_conservation_balanc
 def test_older_than_is_a_failure_time_bound_and_filters_combine(lake):
     declaration, between = lake
     # An hour after `between`, with --older-than 1h: only what failed before `between` (quarantine).
-    assert purge(declaration, "q", "quarantine", "1h", dry_run=True, now=between + timedelta(hours=1)).purged == 3
-    assert purge(declaration, "q", "poison", "1h", dry_run=True, now=between + timedelta(hours=1)).purged == 0
-    assert purge(declaration, "q", "poison", "30d", dry_run=True).purged == 0  # nothing is that old yet
+    assert purge_table(declaration, "q", "quarantine", "1h", dry_run=True, now=between + timedelta(hours=1)).purged == 3
+    assert purge_table(declaration, "q", "poison", "1h", dry_run=True, now=between + timedelta(hours=1)).purged == 0
+    assert purge_table(declaration, "q", "poison", "30d", dry_run=True).purged == 0  # nothing is that old yet
     now = datetime.now(UTC) + LATER
-    assert purge(declaration, "q", "poison", "30d", Selection(message_type="refund"), dry_run=True,
+    assert purge_table(declaration, "q", "poison", "30d", Selection(message_type="refund"), dry_run=True,
                  now=now).sample_ids == ["new-2"]
-    assert purge(declaration, "q", "poison", "30d", Selection(where="message_id LIKE 'new-%' AND "
+    assert purge_table(declaration, "q", "poison", "30d", Selection(where="message_id LIKE 'new-%' AND "
                                                                    "message_type = 'withdrawal'"),
                  dry_run=True, now=now).purged == 2
-    [group] = purge(declaration, "q", "quarantine", "30d", dry_run=True, now=now).by_group
+    [group] = purge_table(declaration, "q", "quarantine", "30d", dry_run=True, now=now).by_group
     assert len(group) == 8  # the id `groups` shows and --group takes
-    assert purge(declaration, "q", "quarantine", "30d", Selection(group=group), dry_run=True, now=now).purged == 3
-    result = purge(declaration, "q", "poison", "30d", Selection(ids=("new-0", "old-0")), now=now)
+    assert purge_table(declaration, "q", "quarantine", "30d", Selection(group=group), dry_run=True, now=now).purged == 3
+    result = purge_table(declaration, "q", "poison", "30d", Selection(ids=("new-0", "old-0")), now=now)
     assert result.purged == 1 and ids(declaration, "poison") == ["new-1", "new-2"]
     balanced(declaration)
 
@@ -145,7 +146,7 @@ def test_older_than_is_a_failure_time_bound_and_filters_combine(lake):
 def test_a_dry_run_says_what_would_be_deleted_and_changes_no_table(lake):
     declaration, _ = lake
     before = table_versions(declaration)
-    result = purge(declaration, "q", "poison", "30d", dry_run=True, now=datetime.now(UTC) + LATER)
+    result = purge_table(declaration, "q", "poison", "30d", dry_run=True, now=datetime.now(UTC) + LATER)
     assert result.dry_run and result.purged == 3 and sum(result.by_group.values()) == 3
     assert result.by_message_type == {"withdrawal": 2, "refund": 1} and len(result.sample_ids) == 3
     assert "would delete 3 message(s) for good (dry run: no table changed)" in purge_module.format_purge(result)
@@ -156,18 +157,18 @@ def test_a_dry_run_says_what_would_be_deleted_and_changes_no_table(lake):
 def test_bad_input_is_refused_before_any_table_changes(lake):
     declaration, _ = lake
     before = table_versions(declaration)
-    with pytest.raises(PurgeError, match="--older-than 'soon' is not a duration"):
-        purge(declaration, "q", "poison", "soon")
-    with pytest.raises(PurgeError, match="--table table 'inbound': choose poison, dead_letter or quarantine"):
-        purge(declaration, "q", "inbound", "1d")
+    with pytest.raises(ValidationError, match="older_than\n  Value error, 'soon' is not a duration"):
+        PurgeRequest(queue="q", table="poison", older_than="soon")
+    with pytest.raises(ValidationError, match="table\n  Value error, 'inbound': choose poison, dead_letter"):
+        PurgeRequest(queue="q", table="inbound", older_than="1d")
     with pytest.raises(PurgeError, match="no queue 'nope' is declared"):
-        purge(declaration, "nope", "poison", "1d")
+        purge_table(declaration, "nope", "poison", "1d")
     with pytest.raises(SelectionError, match="--where 'no_such_column = 1' is not a predicate"):
-        purge(declaration, "q", "poison", "0s", Selection(where="no_such_column = 1"))
+        purge_table(declaration, "q", "poison", "0s", Selection(where="no_such_column = 1"))
     with pytest.raises(SelectionError, match="the range is empty"):
-        purge(declaration, "q", "poison", "0s", Selection(failed_after=datetime.now(UTC)),
+        purge_table(declaration, "q", "poison", "0s", Selection(failed_after=datetime.now(UTC)),
               now=datetime.now(UTC) - timedelta(days=1))
-    nothing = purge(declaration, "q", "poison", "0s", Selection(message_type="no-such-type"))
+    nothing = purge_table(declaration, "q", "poison", "0s", Selection(message_type="no-such-type"))
     assert nothing.purged == 0 and nothing.action_id is None
     assert table_versions(declaration) == before
 
@@ -213,20 +214,20 @@ def test_killed_at_each_step_and_run_again_nothing_is_lost_or_deleted_twice(lake
     monkeypatch.setattr(owner, name, die)
     now = datetime.now(UTC) + LATER
     with pytest.raises(Crash):
-        purge(declaration, "q", "poison", "30d", Selection(message_type="withdrawal"), purge_id="p1", now=now)
+        purge_table(declaration, "q", "poison", "30d", Selection(message_type="withdrawal"), purge_id="p1", now=now)
     monkeypatch.setattr(owner, name, original)
     tables = QueueTables.of(declaration, "q")
     if step != "begin":
         assert find_action(tables, "p1").state == PLANNED
     if with_id:  # the same purge again, by its id
-        again = purge(declaration, "q", "poison", "30d", Selection(message_type="withdrawal"), purge_id="p1",
+        again = purge_table(declaration, "q", "poison", "30d", Selection(message_type="withdrawal"), purge_id="p1",
                       now=now)
         assert again.purged == 2
     else:  # any later purge of the queue completes the interrupted one first
-        other = purge(declaration, "q", "quarantine", "30d", now=now)
+        other = purge_table(declaration, "q", "quarantine", "30d", now=now)
         assert other.purged == 3 and other.resumed == ([] if step == "begin" else ["p1"])
         if step == "begin":  # it had recorded nothing: the purge simply runs again
-            assert purge(declaration, "q", "poison", "30d", Selection(message_type="withdrawal"), purge_id="p1",
+            assert purge_table(declaration, "q", "poison", "30d", Selection(message_type="withdrawal"), purge_id="p1",
                          now=now).purged == 2
     assert ids(declaration, "poison") == ["new-2"]
     ledger = sorted(r["message_id"] for r in rows(declaration, "purged") if r["from_table"] == "poison")
@@ -234,14 +235,14 @@ def test_killed_at_each_step_and_run_again_nothing_is_lost_or_deleted_twice(lake
     assert find_action(tables, "p1").state == DONE
     balanced(declaration)
     before = table_versions(declaration)
-    assert purge(declaration, "q", "poison", "30d", purge_id="p1", now=now).already_done
+    assert purge_table(declaration, "q", "poison", "30d", purge_id="p1", now=now).already_done
     assert table_versions(declaration) == before
 
 
 @pytest.mark.parametrize("table", ["poison", "quarantine"])
 def test_an_undo_killed_between_its_restores_leaves_every_message_somewhere(lake, monkeypatch, table):
     declaration, _ = lake
-    done = purge(declaration, "q", table, "30d", now=datetime.now(UTC) + LATER)
+    done = purge_table(declaration, "q", table, "30d", now=datetime.now(UTC) + LATER)
     gone = ids(declaration, "purged")
     assert done.purged == 3 and ids(declaration, table) == []
     real, calls = QueueWriter.restore, []
@@ -343,7 +344,7 @@ def test_a_real_kill_9_after_each_commit_point_and_the_next_purge_completes_it(l
     assert json.loads(killed.stdout.splitlines()[-1])["commit"] == PURGE_COMMITS[step - 1]
     # The next purge of the queue, whatever it asks, completes p1 first (once the lease the killed
     # process held has expired).
-    other = purge(declaration, "q", "quarantine", "30d", now=now)
+    other = purge_table(declaration, "q", "quarantine", "30d", now=now)
     # Killed once it was recorded done (its plan's removal may follow), it has nothing left to complete.
     done_at = PURGE_COMMITS.index("q/actions WRITE Overwrite p1:done") + 1
     assert other.purged == 3 and other.resumed == ([] if step >= done_at else ["p1"])

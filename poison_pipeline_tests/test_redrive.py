@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pydantic import ValidationError
 
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import LeaseSettings
@@ -20,7 +21,7 @@ from poison_pipeline.operations.actions import DONE, PLANNED, find_action
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import RedriveError, redrive
+from poison_pipeline.operations.redrive import RedriveRequest, redrive, redrive_table
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.lease import Lease, LeaseHeld, LeaseLost
@@ -62,7 +63,7 @@ def inbound(declaration, queue: str = "q") -> dict[str, dict[str, Any]]:
 
 def test_a_group_of_failures_goes_back_and_the_fixed_handler_processes_it(spark, lake):
     declaration, log = lake
-    result = redrive(declaration, "q", "poison", Selection(error_type="DependencyDown"), actor="alice")
+    result = redrive_table(declaration, "q", "poison", Selection(error_type="DependencyDown"), actor="alice")
     assert (result.selected, result.moved, result.by_message_type) == (3, 3, {"withdrawal": 3})
     back = inbound(declaration)
     assert sorted(back) == ["db-0", "db-1", "db-2"]
@@ -83,7 +84,7 @@ def test_a_group_of_failures_goes_back_and_the_fixed_handler_processes_it(spark,
 def test_a_dry_run_says_what_would_move_and_changes_no_table(lake):
     declaration, _ = lake
     before = table_versions(declaration)
-    result = redrive(declaration, "q", "poison", Selection(message_type="withdrawal"), dry_run=True)
+    result = redrive_table(declaration, "q", "poison", Selection(message_type="withdrawal"), dry_run=True)
     assert result.dry_run and result.moved == 3 and len(result.sample_ids) == 3
     assert sum(result.by_group.values()) == 3
     assert table_versions(declaration) == before
@@ -92,24 +93,25 @@ def test_a_dry_run_says_what_would_move_and_changes_no_table(lake):
 
 def test_filters_combine_and_a_where_predicate_uses_sql(lake):
     declaration, _ = lake
-    assert redrive(declaration, "q", "poison", Selection(message_type="withdrawal", ids=("db-1", "own-1")),
+    assert redrive_table(declaration, "q", "poison", Selection(message_type="withdrawal", ids=("db-1", "own-1")),
                    dry_run=True).sample_ids == ["db-1"]
-    assert redrive(declaration, "q", "poison", Selection(where="message_id LIKE 'db-%' AND total_abort_count = 2"),
+    assert redrive_table(declaration, "q", "poison",
+                         Selection(where="message_id LIKE 'db-%' AND total_abort_count = 2"),
                    dry_run=True).moved == 3
     future = datetime.now(UTC) + timedelta(hours=1)
-    assert redrive(declaration, "q", "poison", Selection(failed_after=future), dry_run=True).moved == 0
+    assert redrive_table(declaration, "q", "poison", Selection(failed_after=future), dry_run=True).moved == 0
     before = table_versions(declaration)
     with pytest.raises(SelectionError, match="--where 'no_such_column = 1' is not a predicate"):
-        redrive(declaration, "q", "poison", Selection(where="no_such_column = 1"))
-    with pytest.raises(RedriveError, match="--rate"):
-        redrive(declaration, "q", "poison", rate=0)
+        redrive_table(declaration, "q", "poison", Selection(where="no_such_column = 1"))
+    with pytest.raises(ValidationError, match="rate\n  Value error, 0.0: give a positive number"):
+        redrive(declaration, RedriveRequest(queue="q", source_tables=["poison"], rate=0))
     assert table_versions(declaration) == before
 
 
 def test_a_rate_spreads_due_times_and_releases_chunk_by_chunk(lake):
     declaration, _ = lake
     now = datetime(2030, 1, 1, tzinfo=UTC)
-    result = redrive(declaration, "q", "poison", Selection(message_type="withdrawal"), rate=0.1, now=now)
+    result = redrive_table(declaration, "q", "poison", Selection(message_type="withdrawal"), rate=0.1, now=now)
     due = sorted(r["due_at"] for r in inbound(declaration).values())
     assert due == [now, now + timedelta(seconds=10), now + timedelta(seconds=20)]
     assert (result.first_due, result.last_due) == (now, now + timedelta(seconds=20))
@@ -119,33 +121,33 @@ def test_a_rate_spreads_due_times_and_releases_chunk_by_chunk(lake):
 
 def test_a_limit_and_the_loop_guard_leave_messages_where_they_are(spark, lake, tmp_path):
     declaration, _ = lake
-    first = redrive(declaration, "q", "poison", Selection(message_type="withdrawal"), limit=2)
+    first = redrive_table(declaration, "q", "poison", Selection(message_type="withdrawal"), limit=2)
     assert (first.moved, first.skipped_limit) == (2, 1)
     # own-1 fails every time: redriven max_redrives (3) times, the fourth is refused unless forced.
     for n in range(3):
-        assert redrive(declaration, "q", "poison", Selection(ids=("own-1",)), redrive_id=f"own-{n}").moved == 1
+        assert redrive_table(declaration, "q", "poison", Selection(ids=("own-1",)), redrive_id=f"own-{n}").moved == 1
         run_cycle(spark, declaration, "q", "inbound")
-    guarded = redrive(declaration, "q", "poison", Selection(ids=("own-1",)), redrive_id="own-3")
+    guarded = redrive_table(declaration, "q", "poison", Selection(ids=("own-1",)), redrive_id="own-3")
     assert (guarded.moved, guarded.skipped_loop_guard) == (0, 1)
-    forced = redrive(declaration, "q", "poison", Selection(ids=("own-1",)), redrive_id="own-4", force=True)
+    forced = redrive_table(declaration, "q", "poison", Selection(ids=("own-1",)), redrive_id="own-4", force=True)
     assert forced.moved == 1 and inbound(declaration)["own-1"]["redrive_count"] == 4
 
 
 def test_messages_the_target_already_processed_are_skipped(spark, lake):
     declaration, _ = lake
-    redrive(declaration, "q", "poison", Selection(ids=("db-0",)), redrive_id="first")
+    redrive_table(declaration, "q", "poison", Selection(ids=("db-0",)), redrive_id="first")
     run_cycle(spark, declaration, "q", "inbound")
     # A copy of db-0 is still in poison (say, an operator restored it): the target processed it already.
     tables = QueueTables.of(declaration, "q")
     copy = [{**r, "message_id": "db-0", "batch_id": "restored"} for r in rows(declaration, "poison")[:1]]
     seed(tables, "poison", pa.Table.from_pylist(copy, schema=schemas.MESSAGE))
-    result = redrive(declaration, "q", "poison", Selection(ids=("db-0",)), redrive_id="second")
+    result = redrive_table(declaration, "q", "poison", Selection(ids=("db-0",)), redrive_id="second")
     assert (result.moved, result.skipped_processed) == (0, 1)
 
 
 def test_redrive_to_another_queue(lake):
     declaration, _ = lake
-    result = redrive(declaration, "q", "poison", Selection(ids=("db-2",)), to="other")
+    result = redrive_table(declaration, "q", "poison", Selection(ids=("db-2",)), to="other")
     assert result.target == "other" and sorted(inbound(declaration, "other")) == ["db-2"]
     assert "db-2" not in {r["message_id"] for r in rows(declaration, "poison")}
 
@@ -153,12 +155,12 @@ def test_redrive_to_another_queue(lake):
 def test_the_same_redrive_twice_moves_nothing_the_second_time(lake):
     declaration, _ = lake
     selection = Selection(message_type="withdrawal")
-    assert redrive(declaration, "q", "poison", selection, redrive_id="r1").moved == 3
+    assert redrive_table(declaration, "q", "poison", selection, redrive_id="r1").moved == 3
     before = table_versions(declaration)
-    again = redrive(declaration, "q", "poison", selection, redrive_id="r1")
+    again = redrive_table(declaration, "q", "poison", selection, redrive_id="r1")
     assert again.already_done and again.moved == 0
     # Without an id it is a new redrive, which finds nothing left to move.
-    fresh = redrive(declaration, "q", "poison", selection)
+    fresh = redrive_table(declaration, "q", "poison", selection)
     assert (fresh.redrive_id != "r1", fresh.already_done, fresh.moved) == (True, False, 0)
     assert table_versions(declaration) == before
 
@@ -182,16 +184,16 @@ def test_killed_at_each_step_and_run_again_it_completes_without_moving_anything_
     monkeypatch.setattr(owner, name, die)
     selection = Selection(message_type="withdrawal")
     with pytest.raises(Crash):
-        redrive(declaration, "q", "poison", selection, rate=0.05, redrive_id="r1")  # three chunks: three appends
+        redrive_table(declaration, "q", "poison", selection, rate=0.05, redrive_id="r1")  # three chunks: three appends
     monkeypatch.setattr(owner, name, original)
     tables = QueueTables.of(declaration, "q")
     assert find_action(tables, "r1").state == PLANNED
-    result = redrive(declaration, "q", "poison", selection, rate=0.05, redrive_id="r1")
+    result = redrive_table(declaration, "q", "poison", selection, rate=0.05, redrive_id="r1")
     assert not result.already_done
     where = places(declaration)
     assert {mid: where[mid] for mid in ("db-0", "db-1", "db-2")} == {f"db-{i}": ["inbound"] for i in range(3)}
     assert where["own-1"] == ["poison"]
-    assert redrive(declaration, "q", "poison", selection, rate=0.05, redrive_id="r1").already_done
+    assert redrive_table(declaration, "q", "poison", selection, rate=0.05, redrive_id="r1").already_done
 
 
 def test_the_cli_redrives_with_json_and_refuses_bad_input(lake, tmp_path, capsys):
@@ -217,12 +219,12 @@ def test_a_failure_group_from_groups_selects_what_redrive_moves(lake):
     groups = {g.error_type.rsplit(".", 1)[-1]: g for g in failure_groups(declaration, "q", "poison")}
     down = groups["DependencyDown"]
     assert down.count == 3
-    result = redrive(declaration, "q", "poison", Selection(group=down.id))
+    result = redrive_table(declaration, "q", "poison", Selection(group=down.id))
     assert result.moved == 3 and sorted(inbound(declaration)) == ["db-0", "db-1", "db-2"]
     assert result.by_group == {down.id: 3}
     before = table_versions(declaration)
     with pytest.raises(SelectionError, match="--group"):
-        redrive(declaration, "q", "poison", Selection(group="0000beef"))
+        redrive_table(declaration, "q", "poison", Selection(group="0000beef"))
     assert table_versions(declaration) == before
 
 
@@ -242,19 +244,19 @@ def test_a_redrive_against_a_running_cycle_waits_then_fails_naming_it_and_change
             time.sleep(0.1)
         before = table_versions(declaration)
         with pytest.raises(LeaseHeld, match="run busy-cycle \\(inbound cycle\\)"):
-            redrive(impatient, "q", "poison", Selection(message_type="withdrawal"))
+            redrive_table(impatient, "q", "poison", Selection(message_type="withdrawal"))
         assert table_versions(declaration) == before
     finally:
         gate.unlink()
         cycle.join()
     # Once the cycle is done, the same redrive goes through.
-    assert redrive(impatient, "q", "poison", Selection(message_type="withdrawal")).moved == 3
+    assert redrive_table(impatient, "q", "poison", Selection(message_type="withdrawal")).moved == 3
 
 
 def test_a_redrive_reports_its_progress_chunk_by_chunk(lake):
     declaration, _ = lake
     heard: list[tuple[int, int]] = []
-    redrive(declaration, "q", "poison", Selection(message_type="withdrawal"), rate=0.05,
+    redrive_table(declaration, "q", "poison", Selection(message_type="withdrawal"), rate=0.05,
             progress=lambda moved, total: heard.append((moved, total)))
     assert heard == [(1, 3), (2, 3), (3, 3)]  # three chunks of due times: one append each
 

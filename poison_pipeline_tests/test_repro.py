@@ -196,11 +196,11 @@ def test_vacuum_truncation(tmp_path: Path) -> None:
 
 def test_purge_older_than_zero_seconds(tmp_path: Path) -> None:
     from poison_pipeline.domain.declaration import load_declaration
-    from poison_pipeline.operations.purge import purge
+    from poison_pipeline.operations.purge import purge_table
     config = _lake(tmp_path, {"q": MOVE})
     _enqueue(config, "q", ["m1"])
     _op(config, "cycle", queue="q", table="inbound")
-    purge(load_declaration(str(config)), "q", "poison", "0")
+    purge_table(load_declaration(str(config)), "q", "poison", "0")
     assert ms.ids_in(config, "q", "purged") == ["m1"]
 
 

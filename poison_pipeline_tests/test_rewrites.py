@@ -12,7 +12,7 @@ import pyarrow as pa
 from poison_pipeline.broker.conversations import end_conversation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.tables import QueueTables, _whole_due_files
 from poison_pipeline_tests.support import places, queue, rows, send
@@ -103,7 +103,7 @@ def test_a_poison_cycle_after_a_redrive_across_many_poison_batches_takes_each_me
     for b in range(4):  # one inbound cycle per batch: each writes a batch of its own into poison
         send(declaration, {f"p{b}-a": {"fail": True}, f"p{b}-b": {"fail": True}})
         run_cycle(spark, declaration, "q", "inbound", now=NOW)
-    redrive(declaration, "q", "poison", Selection(ids=tuple(f"p{b}-a" for b in range(4))), now=NOW)
+    redrive_table(declaration, "q", "poison", Selection(ids=tuple(f"p{b}-a" for b in range(4))), now=NOW)
     report = run_cycle(spark, declaration, "q", "poison", now=NOW + timedelta(seconds=1))
     assert report.counts["messages"] == 4
     assert_each_message_once(declaration, 8)

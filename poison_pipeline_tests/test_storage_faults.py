@@ -40,7 +40,7 @@ from poison_pipeline.operations.actions import list_actions
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage import uri as uri_module
 from poison_pipeline.storage import writer as writer_module
@@ -206,14 +206,14 @@ def test_a_redrive_fails_loudly_at_every_commit_point_and_completes_when_run_aga
     code = ERRORS[step % len(ERRORS)]
     called = at_step(monkeypatch, REDRIVE_STEPS, step, _raise(code))
     with pytest.raises(StorageFailure) as failed:
-        redrive(declaration, "q", "poison", Selection(), redrive_id="r1")
+        redrive_table(declaration, "q", "poison", Selection(), redrive_id="r1")
     monkeypatch.undo()
     assert len(called) == step
     where = ["appending to a table (table actions", "appending to a table (table plans",
              "appending to a table (table inbound", "rewriting batches of a table (table poison",
              "(table actions", "removing the plan of action r1 (table plans"][step - 1]
     _assert_loud(failed.value, code, where)
-    result = redrive(declaration, "q", "poison", Selection(), redrive_id="r1")
+    result = redrive_table(declaration, "q", "poison", Selection(), redrive_id="r1")
     assert result.moved == 3 or step == REDRIVE_COMMITS, result
     assert places(declaration) == {f"p{i}": ["inbound"] for i in (1, 2, 3)}
     assert [(a.action_id, a.state) for a in list_actions(declaration, "q")] == [("r1", "done")]
@@ -224,7 +224,7 @@ def test_a_redrive_fails_loudly_at_every_commit_point_and_completes_when_run_aga
 def test_the_redrive_commit_points_are_the_ones_the_faults_cover(poisoned, tmp_path, monkeypatch):
     shutil.copytree(poisoned, tmp_path / "lake")
     called = at_step(monkeypatch, REDRIVE_STEPS, 0, _raise(errno.EIO))
-    redrive(_declaration(tmp_path / "lake"), "q", "poison", Selection(), redrive_id="r1")
+    redrive_table(_declaration(tmp_path / "lake"), "q", "poison", Selection(), redrive_id="r1")
     assert len(called) == REDRIVE_COMMITS, called
 
 

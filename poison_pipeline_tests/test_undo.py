@@ -23,9 +23,9 @@ from poison_pipeline.operations.actions import DONE, PLANNED, UNDONE, begin_acti
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit, edits_of
-from poison_pipeline.operations.purge import purge
+from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import UndoError, format_undo, undo
 from poison_pipeline.storage.tables import PURGED, QueueTables
@@ -43,7 +43,7 @@ def poison_ids(declaration) -> list[str]:
 def test_undo_right_after_a_redrive_brings_back_the_rows_as_they_were(lake):  # noqa: F811
     declaration, _ = lake
     before = rows(declaration, "poison")
-    done = redrive(declaration, "q", "poison", WITHDRAWALS)
+    done = redrive_table(declaration, "q", "poison", WITHDRAWALS)
     result = undo(declaration, done.action_id, actor="carol")
     # An inbound is never restored (it accepts enqueues without the lease): the undo compensates.
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 3, [])
@@ -58,7 +58,7 @@ def test_undo_right_after_a_redrive_brings_back_the_rows_as_they_were(lake):  # 
 def test_undo_after_later_commits_moves_back_what_is_still_there_and_names_the_rest(spark, lake):  # noqa: F811
     declaration, _ = lake
     now = datetime.now(UTC)
-    done = redrive(declaration, "q", "poison", WITHDRAWALS, rate=0.05, now=now)  # db-0 due now, the others later
+    done = redrive_table(declaration, "q", "poison", WITHDRAWALS, rate=0.05, now=now)  # db-0 due now, the others later
     assert not enqueue(declaration, "q", [{"message_id": "new-1", "message_type": "t", "body": {}}], now=now).refused
     run_cycle(spark, declaration, "q", "inbound", now=now + timedelta(seconds=1))  # processes db-0 and new-1
     result = undo(declaration, done.action_id)
@@ -77,7 +77,7 @@ def test_undo_refuses_what_it_cannot_undo(lake):  # noqa: F811
     declaration, _ = lake
     with pytest.raises(UndoError, match="no action 'nope' is recorded"):
         undo(declaration, "nope")
-    done = redrive(declaration, "q", "poison", WITHDRAWALS)
+    done = redrive_table(declaration, "q", "poison", WITHDRAWALS)
     reverse = undo(declaration, done.action_id)
     with pytest.raises(UndoError, match="is of kind 'undo', which cannot be undone"):
         undo(declaration, reverse.undo_id)
@@ -104,7 +104,7 @@ def balanced(declaration, received: int = 4) -> None:
 
 def test_undo_right_after_a_purge_restores_the_versions_before_it(lake):  # noqa: F811
     declaration, _ = lake
-    done = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
+    done = purge_table(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
     assert poison_ids(declaration) == ["own-1"] and len(purged(declaration)) == 3
     result = undo(declaration, done.action_id, actor="carol")
     assert (result.kind, result.how, result.restored, result.unrecoverable) == ("purge", "restore", 3, [])
@@ -122,8 +122,8 @@ def test_undo_right_after_a_purge_restores_the_versions_before_it(lake):  # noqa
 def test_undo_of_a_purge_after_another_purge_appends_back_and_balances(lake, monkeypatch):  # noqa: F811
     declaration, _ = lake
     later = datetime.now(UTC) + LATER
-    first = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=later)
-    second = purge(declaration, "q", "poison", "1h", Selection(message_type="refund"), now=later)
+    first = purge_table(declaration, "q", "poison", "1h", WITHDRAWALS, now=later)
+    second = purge_table(declaration, "q", "poison", "1h", Selection(message_type="refund"), now=later)
     assert poison_ids(declaration) == [] and len(purged(declaration)) == 4
     balanced(declaration)
     # Killed after it changed the tables, before it marked the purge undone: run again, nothing twice.
@@ -151,8 +151,8 @@ def test_undo_of_a_purge_after_another_purge_appends_back_and_balances(lake, mon
 def test_undo_of_a_purge_whose_files_were_vacuumed_names_them_and_changes_nothing(lake):  # noqa: F811
     declaration, _ = lake
     later = datetime.now(UTC) + LATER
-    first = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=later)
-    purge(declaration, "q", "poison", "1h", Selection(message_type="refund"), now=later)
+    first = purge_table(declaration, "q", "poison", "1h", WITHDRAWALS, now=later)
+    purge_table(declaration, "q", "poison", "1h", Selection(message_type="refund"), now=later)
     tables = QueueTables.of(declaration, "q")
     DeltaTable(tables.uri("poison")).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     before = table_versions(declaration)
@@ -259,7 +259,7 @@ def test_undo_of_a_partly_vacuumed_purge_brings_back_what_it_can_read_and_names_
     assert not enqueue(declaration, "q", [{"message_id": "late-1", "message_type": "withdrawal",
                                            "body": {"fail": True}}]).refused
     run_cycle(spark, declaration, "q", "inbound")  # a second batch in poison, in a file of its own
-    done = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
+    done = purge_table(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
     assert poison_ids(declaration) == ["own-1"] and len(purged(declaration)) == 4
     tables = QueueTables.of(declaration, "q")
     before = find_action(tables, done.action_id).versions["q/poison"]["before"]
@@ -287,7 +287,7 @@ def test_undo_of_a_partly_vacuumed_purge_brings_back_what_it_can_read_and_names_
 
 def test_undo_of_a_purge_whose_files_are_all_gone_refuses_even_with_no_commit_since(lake):  # noqa: F811
     declaration, _ = lake
-    done = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
+    done = purge_table(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
     tables = QueueTables.of(declaration, "q")
     before = find_action(tables, done.action_id).versions["q/poison"]["before"]
     for path in _files_holding(declaration, "poison", before, "db-0"):
@@ -324,7 +324,7 @@ def command(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_command_undoes_a_purge_and_refuses_bad_input_changing_nothing(lake, tmp_path):  # noqa: F811
     declaration, _ = lake
     config = _config(declaration, tmp_path)
-    done = purge(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
+    done = purge_table(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
     tables = QueueTables.of(declaration, "q")
     with queue_writer(tables, "test") as writer:
         begin_action(writer, "redrive", "dave", {"from": "poison"}, [(tables, "poison")], action_id="half-done")
@@ -393,7 +393,7 @@ def test_an_undo_of_a_redrive_to_another_queue_killed_before_its_removal_leaves_
     own cycles (which do not complete another queue's undo) leave its copies alone, and the undo run
     again removes them: every message in one place."""
     declaration, _ = lake
-    redrive(declaration, "q", "poison", Selection(ids=("db-1", "db-2")), to="other", redrive_id="r1")
+    redrive_table(declaration, "q", "poison", Selection(ids=("db-1", "db-2")), to="other", redrive_id="r1")
     assert places(declaration, "other") == {"db-1": ["inbound"], "db-2": ["inbound"]}
     real = QueueWriter.replace_batches
 

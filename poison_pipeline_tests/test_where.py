@@ -17,7 +17,7 @@ import yaml
 
 from poison_pipeline import cli
 from poison_pipeline.domain.predicates import MAX_DEPTH, MAX_TEXT, parse_predicate
-from poison_pipeline.operations.redrive import redrive
+from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection, SelectionError, check_where
 from poison_pipeline.operations.where import where_filter
 from poison_pipeline.storage import schemas
@@ -98,7 +98,7 @@ LEGITIMATE: list[tuple[str, Callable[[Row], bool]]] = [
 def test_a_predicate_selects_the_rows_it_says(lake, where, holds):  # noqa: F811
     declaration, _ = lake
     expected = sorted(r["message_id"] for r in rows(declaration, "poison") if holds(r))
-    result = redrive(declaration, "q", "poison", Selection(where=where), dry_run=True)
+    result = redrive_table(declaration, "q", "poison", Selection(where=where), dry_run=True)
     assert sorted(result.sample_ids) == expected and result.moved == len(expected)
 
 

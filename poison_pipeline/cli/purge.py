@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from poison_pipeline.cli.common import (
     EXIT_INCOMPLETE,
     EXIT_OK,
     Commands,
     UsageError,
-    action_id,
     add_actor,
     add_command,
     add_json,
@@ -19,10 +18,11 @@ from poison_pipeline.cli.common import (
     declaration_of,
     print_json,
 )
-from poison_pipeline.cli.selection import add_selection_arguments, selection
-from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.cli.requests import add_field, request_of
+from poison_pipeline.cli.selection import add_selection_arguments, ids_of
 from poison_pipeline.domain.routing import FAILURE_TABLES
-from poison_pipeline.operations.purge import PurgeError, PurgeResult, format_purge, purge, result_json
+from poison_pipeline.operations.purge import PurgeError, PurgeRequest, PurgeResult, format_purge, purge, result_json
+from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.operations.selection import SelectionError
 
 
@@ -39,38 +39,29 @@ def add_parser(commands: Commands) -> None:
         "purge of the queue (or by running it again with its --id); nothing is deleted twice.",
         run,
     )
-    sub.add_argument("queue", metavar="QUEUE", help="the queue whose failed messages are purged")
-    sub.add_argument("--table", required=True, choices=FAILURE_TABLES, help="where they are")
-    sub.add_argument("--older-than", metavar="AGE", required=True, type=_age,
-                     help="failed more than this long ago: 30d, 12h, 90m, PT1H or seconds")
-    add_selection_arguments(sub)
-    sub.add_argument("--yes", "-y", action="store_true", help="delete without asking")
-    sub.add_argument("--id", metavar="ID", type=action_id, help="the purge's id (resume it after a kill)")
+    add_field(sub, PurgeRequest, "queue", metavar="QUEUE")
+    add_field(sub, PurgeRequest, "table", "--table", required=True, choices=FAILURE_TABLES)
+    add_field(sub, PurgeRequest, "older_than", "--older-than", metavar="AGE", required=True)
+    add_selection_arguments(sub, PurgeRequest)
+    add_field(sub, PurgeRequest, "confirm", "--yes", "-y", action="store_true", help="delete without asking")
+    add_field(sub, PurgeRequest, "id", "--id", metavar="ID")
     add_actor(sub)
     add_json(sub)
 
 
-def _age(text: str) -> timedelta:
-    try:
-        return parse_duration(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def run(args: argparse.Namespace) -> int:
+    request = request_of(PurgeRequest, args, **ids_of(args))
     declaration = declaration_of(args)
-    chosen, now = selection(args), datetime.now(UTC)  # one cutoff for the preview and the purge
+    context = ActionContext(actor=args.actor, now=datetime.now(UTC))  # one cutoff for the preview and the purge
     try:
-        if not args.yes:
-            preview = purge(declaration, args.queue, args.table, args.older_than, chosen, dry_run=True,
-                            purge_id=args.id, actor=args.actor, now=now)
+        if not request.confirm:
+            preview = purge(declaration, request, context)
             if not preview.purged:
                 return _nothing_to_purge(args, preview)
             _show(args, preview)
             if not _confirmed(args, preview.purged):
                 return EXIT_INCOMPLETE
-        result = purge(declaration, args.queue, args.table, args.older_than, chosen, purge_id=args.id,
-                       actor=args.actor, now=now)
+        result = purge(declaration, request.model_copy(update={"confirm": True}), context)
     except (PurgeError, SelectionError) as error:
         raise UsageError(str(error)) from None
     if not result.purged and not result.already_done:

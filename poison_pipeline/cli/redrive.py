@@ -1,4 +1,4 @@
-"""`redrive QUEUE --from TABLE [filters] [--dry-run] [--rate N/s]`: failed messages back to an inbound."""
+"""`redrive QUEUE --from TABLE... [filters] [--dry-run] [--rate N/s]`: failed messages back to an inbound."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from poison_pipeline.cli.common import (
     EXIT_OK,
     Commands,
     UsageError,
-    action_id,
     add_actor,
     add_command,
     add_json,
@@ -24,9 +23,11 @@ from poison_pipeline.cli.common import (
     declaration_of,
     print_json,
 )
-from poison_pipeline.cli.selection import add_selection_arguments, selection
+from poison_pipeline.cli.requests import add_field, request_of
+from poison_pipeline.cli.selection import add_selection_arguments, ids_of
 from poison_pipeline.domain.routing import FAILURE_TABLES
-from poison_pipeline.operations.redrive import RedriveError, format_redrive, redrive
+from poison_pipeline.operations.redrive import RedriveError, RedriveRequest, format_redrive, redrive
+from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.operations.selection import SelectionError
 
 
@@ -42,24 +43,19 @@ def add_parser(commands: Commands) -> None:
         "recorded, without moving anything twice; run again after it completed, it moves nothing.",
         run,
     )
-    sub.add_argument("queue", metavar="QUEUE", help="the queue whose failed messages are redriven")
-    sub.add_argument("--from", dest="source", required=True, choices=FAILURE_TABLES, help="where they are")
-    sub.add_argument("--to", metavar="QUEUE", default=None, help="another declared queue's inbound")
-    add_selection_arguments(sub)
-    sub.add_argument("--dry-run", action="store_true", help="say what would move; change nothing")
-    sub.add_argument("--rate", metavar="N/s", type=_rate, help="release N messages a second (due times)")
-    sub.add_argument("--limit", metavar="N", type=int, help="move at most N messages")
-    sub.add_argument("--id", metavar="ID", type=action_id, help="the redrive's id (resume or repeat it)")
-    sub.add_argument("--force", action="store_true", help="also messages past the loop guard (max_redrives)")
+    add_field(sub, RedriveRequest, "queue", metavar="QUEUE")
+    add_field(sub, RedriveRequest, "source_tables", "--from", metavar="TABLE", action="append", required=True,
+              choices=FAILURE_TABLES, help="where they are: poison, dead_letter or quarantine (repeat it for "
+              "several; a rate is shared by them, a limit counts them all)")
+    add_field(sub, RedriveRequest, "to", "--to", metavar="QUEUE")
+    add_selection_arguments(sub, RedriveRequest)
+    add_field(sub, RedriveRequest, "dry_run", "--dry-run", action="store_true")
+    add_field(sub, RedriveRequest, "rate", "--rate", metavar="N/s")
+    add_field(sub, RedriveRequest, "limit", "--limit", metavar="N")
+    add_field(sub, RedriveRequest, "id", "--id", metavar="ID")
+    add_field(sub, RedriveRequest, "force", "--force", action="store_true")
     add_actor(sub)
     add_json(sub)
-
-
-def _rate(text: str) -> float:
-    try:
-        return float(text.removesuffix("/s"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rate: write messages per second, e.g. 50/s") from None
 
 
 @contextlib.contextmanager
@@ -74,19 +70,20 @@ def _progress_bar(what: str) -> Iterator[Callable[[int, int], None] | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    request = request_of(RedriveRequest, args, **ids_of(args))
     declaration = declaration_of(args)
     try:
         with _progress_bar("redriving") as progress:
-            result = redrive(declaration, args.queue, args.source, selection(args), to=args.to,
-                             dry_run=args.dry_run, rate=args.rate, limit=args.limit, redrive_id=args.id,
-                             force=args.force, actor=args.actor, progress=progress)
+            report = redrive(declaration, request, ActionContext(actor=args.actor, progress=progress))
     except (RedriveError, SelectionError) as error:
         raise UsageError(str(error)) from None
     if args.json:
-        print_json(asdict(result))
+        results = [asdict(result) for result in report.results]
+        print_json(results[0] if len(request.source_tables) == 1 else results)
     else:
-        print(format_redrive(result))
-    if not result.moved and not result.already_done:
-        complain(args, f"nothing to move: {result.selected} message(s) selected in {args.queue}/{args.source}")
+        print("\n".join(format_redrive(result) for result in report.results))
+    if not report.moved and not report.already_done:
+        complain(args, f"nothing to move: {report.selected} message(s) selected in {args.queue}/"
+                       f"{', '.join(request.source_tables)}")
         return EXIT_INCOMPLETE
     return EXIT_OK

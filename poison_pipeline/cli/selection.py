@@ -5,32 +5,31 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from poison_pipeline.cli.common import UsageError, moment
-from poison_pipeline.operations.selection import Selection
+from poison_pipeline.cli.common import UsageError
+from poison_pipeline.cli.requests import add_field
+from poison_pipeline.operations.selection import Filters
 
 
-def add_selection_arguments(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--group", metavar="ID", help="a failure group id (see `groups`)")
-    sub.add_argument("--error-type", metavar="TYPE", help="last error type, e.g. ValueError or PartObsolete")
-    sub.add_argument("--message-type", metavar="TYPE")
-    sub.add_argument("--conversation", metavar="ID")
-    sub.add_argument("--failed-after", metavar="TIME", type=moment, help="ISO 8601; failed at or after")
-    sub.add_argument("--failed-before", metavar="TIME", type=moment, help="ISO 8601; failed before")
-    sub.add_argument("--ids", metavar="FILE", help="a file of message ids, one a line")
-    sub.add_argument("--where", metavar="EXPR",
-                     help="a predicate over the table's columns: = != < <= > >=, IN (...), LIKE, IS [NOT] NULL, "
-                          "BETWEEN, AND, OR, NOT, parentheses (no SQL beyond these)")
+def add_selection_arguments(sub: argparse.ArgumentParser, model: type[Filters]) -> None:
+    add_field(sub, model, "group", "--group", metavar="ID")
+    add_field(sub, model, "error_type", "--error-type", metavar="TYPE")
+    add_field(sub, model, "message_type", "--message-type", metavar="TYPE")
+    add_field(sub, model, "conversation", "--conversation", metavar="ID")
+    add_field(sub, model, "failed_after", "--failed-after", metavar="TIME")
+    add_field(sub, model, "failed_before", "--failed-before", metavar="TIME")
+    # The ids come from a file: `ids_of` reads it.
+    sub.add_argument("--ids", metavar="FILE", dest="ids_file", help="a file of message ids, one a line")
+    add_field(sub, model, "where", "--where", metavar="EXPR")
 
 
-def selection(args: argparse.Namespace) -> Selection:
-    ids = None
-    if args.ids is not None:
-        try:
-            ids = tuple(line.strip() for line in Path(args.ids).read_bytes().decode("utf-8").splitlines()
-                        if line.strip())
-        except OSError as error:
-            raise UsageError(f"--ids {args.ids}: {error.strerror}") from None
-        except UnicodeDecodeError as error:  # no message id is anything but UTF-8 text
-            raise UsageError(f"--ids {args.ids}: not UTF-8 text (byte {error.start})") from None
-    return Selection(args.group, args.error_type, args.message_type, args.conversation, args.failed_after,
-                     args.failed_before, ids, args.where)
+def ids_of(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The `ids` field, from the file `--ids` names (nothing when it was not given)."""
+    if args.ids_file is None:
+        return {}
+    try:
+        text = Path(args.ids_file).read_bytes().decode("utf-8")
+    except OSError as error:
+        raise UsageError(f"--ids {args.ids_file}: {error.strerror}") from None
+    except UnicodeDecodeError as error:  # no message id is anything but UTF-8 text
+        raise UsageError(f"--ids {args.ids_file}: not UTF-8 text (byte {error.start})") from None
+    return {"ids": [line.strip() for line in text.splitlines() if line.strip()]}

@@ -27,15 +27,15 @@ from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.broker.conversations import check_end_request
 from poison_pipeline.defs.naming import QUEUE_TAG, operator_job_name, operator_op_name
-from poison_pipeline.defs.run_config import SelectionConfig, actor_of, root_run_id
+from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.durations import parse_duration, parse_time
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.actions import find_action
 from poison_pipeline.operations.edit import edit
 from poison_pipeline.operations.enable import enable
 from poison_pipeline.operations.end_conversation import end_conversation_by_operator
-from poison_pipeline.operations.purge import format_purge, purge
+from poison_pipeline.operations.purge import PurgeOptions, PurgeRequest, format_purge, purge
+from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.operations.undo import UndoError, find_recorded, undo
 from poison_pipeline.storage.tables import QueueTables
 
@@ -94,34 +94,8 @@ class EditConfig(Config):
             raise ValueError(f"body is not base64 ({error}), as encoding 'base64' says") from None
 
 
-class PurgeConfig(SelectionConfig):
-    table: str = Field(description="poison, dead_letter or quarantine.")
-    older_than: str = Field(description="Failed more than this long ago: 30d, 12h, 90m, PT1H or seconds.")
-    failed_after: str | None = Field(default=None, description="ISO 8601; failed at or after.")
-    failed_before: str | None = Field(default=None, description="ISO 8601; failed before.")
-    confirm: bool = Field(default=False, description="false: only report what would be deleted (the "
-                          "preview); true: delete for good.")
-    actor: str | None = None
-
-    @field_validator("table")
-    @classmethod
-    def _table(cls, value: str) -> str:
-        if value not in FAILURE_TABLES:
-            raise ValueError(f"{value!r}: choose {', '.join(FAILURE_TABLES)}")
-        return value
-
-    @field_validator("failed_after", "failed_before")
-    @classmethod
-    def _moment(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_time(value)
-        return value
-
-    @field_validator("older_than")
-    @classmethod
-    def _age(cls, value: str) -> str:
-        parse_duration(value)
-        return value
+class PurgeConfig(Config, PurgeOptions):
+    actor: str | None = Field(default=None, description=ACTOR_HELP)
 
 
 class UndoConfig(Config):
@@ -179,12 +153,11 @@ def _edit(declaration: Declaration, queue: str) -> Callable[..., Output]:
 
 def _purge(declaration: Declaration, queue: str) -> Callable[..., Output]:
     def run(context: OpExecutionContext, config: PurgeConfig) -> Output:
-        window = (config.failed_after, config.failed_before)
-        selection = config.selection(*(parse_time(t) if t else None for t in window))
         # Derived from the run: re-executing a failed purge run completes that purge.
-        result = purge(declaration, queue, config.table, config.older_than, selection, dry_run=not config.confirm,
-                       purge_id=f"purge-{root_run_id(context)}", actor=actor_of(context, config.actor),
-                       run_id=context.run.run_id)
+        request = PurgeRequest.model_validate(config.model_dump(exclude={"actor"}) | {
+            "queue": queue, "id": config.id or f"purge-{root_run_id(context)}"})
+        result = purge(declaration, request, ActionContext(actor=actor_of(context, config.actor),
+                                                           run_id=context.run.run_id))
         context.log.info(format_purge(result) + ("" if config.confirm else "\n  set confirm: true to delete them"))
         return _output(result, purged=result.purged if config.confirm else 0, would_purge=result.purged)
 

@@ -36,9 +36,9 @@ from poison_pipeline.examples.generate import (
 from poison_pipeline.examples.handlers import app_db, hook_log, presentation_folder
 from poison_pipeline.operations.groups import failure_groups, groups_table
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import format_redrive, redrive
+from poison_pipeline.operations.redrive import RedriveRequest, format_redrive, redrive
 from poison_pipeline.operations.render import render
-from poison_pipeline.operations.selection import Selection
+from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION, QueueTables
 
@@ -286,7 +286,8 @@ def operator(declaration: Declaration, driver: Driver, received: Counter[str], r
     tables = QueueTables.of(declaration, "inventory")
     before = {t: tables.open(t).version() for t in tables.all_tables if tables.exists(t)}
     print(f"$ poison-pipeline redrive inventory --from quarantine --group {group} --dry-run")
-    planned = redrive(declaration, "inventory", QUARANTINE, Selection(group=group), dry_run=True)
+    [planned] = redrive(declaration, RedriveRequest(queue="inventory", source_tables=[QUARANTINE], group=group,
+                                                    dry_run=True)).results
     print(format_redrive(planned))
     after = {t: tables.open(t).version() for t in tables.all_tables if tables.exists(t)}
     checks.claim(f"  the dry run would move {planned.moved} and changed no table", planned.moved == len(boxes)
@@ -295,7 +296,8 @@ def operator(declaration: Declaration, driver: Driver, received: Counter[str], r
     bug.unlink()
     print(f"the fix is deployed\n$ poison-pipeline redrive inventory --from quarantine --group {group} "
           f"--rate {rate:g}/s")
-    done = redrive(declaration, "inventory", QUARANTINE, Selection(group=group), rate=rate, actor="demo")
+    [done] = redrive(declaration, RedriveRequest(queue="inventory", source_tables=[QUARANTINE], group=group, rate=rate),
+                     ActionContext(actor="demo")).results
     print(format_redrive(done))
     spread = (done.last_due - done.first_due).total_seconds() if done.first_due and done.last_due else 0.0
     checks.claim(f"  {done.moved} sent back, released over {spread:.1f}s at {rate:g}/s",

@@ -45,7 +45,7 @@ from poison_pipeline.operations.actions import (
     operator_writer,
     reused_id,
 )
-from poison_pipeline.operations.redrive import Replacement, redrive
+from poison_pipeline.operations.redrive import Replacement, redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import EDITS, QueueTables
@@ -139,7 +139,7 @@ def edit(declaration: Declaration, message_id: str, body: bytes, headers: dict[s
     name, table, row = copies[0]
     _validate(declaration, name, message_id, body, row["encoding"])
     new_headers = {**dict(row.get("headers") or []), **given}
-    probe = redrive(declaration, name, table, Selection(ids=(message_id,)), dry_run=True, force=True,
+    probe = redrive_table(declaration, name, table, Selection(ids=(message_id,)), dry_run=True, force=True,
                     redrive_id=f"{edit_id}-redrive", replace={message_id: _replacement(body, new_headers)})
     if probe.moved == 0:
         raise EditError(f"message {message_id!r} was already processed by queue {name!r} (its processed "
@@ -241,7 +241,7 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
         # The edit's record is begun before its row is written: a row means a record.
         assert action is not None, f"edit {edit_id} has a row but no record"
         new_headers = dict(row["new_headers"] or [])
-        sent = redrive(declaration, queue, source, Selection(ids=(message_id,)), redrive_id=redrive_id,
+        sent = redrive_table(declaration, queue, source, Selection(ids=(message_id,)), redrive_id=redrive_id,
                        force=True, actor=action.actor, run_id=run_id, now=now,
                        replace={message_id: _replacement(row["new_body"], new_headers)})
         # Killed after its redrive was recorded done, the edit runs again: the redrive moves nothing

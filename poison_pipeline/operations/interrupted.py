@@ -27,7 +27,7 @@ from poison_pipeline.operations import purge as purging
 from poison_pipeline.operations.actions import PLANNED, Action, abandon_action, find_action, planned_actions
 from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edit_row
 from poison_pipeline.operations.purge import PurgeError
-from poison_pipeline.operations.redrive import RedriveError, planned_rows, redrive
+from poison_pipeline.operations.redrive import RedriveError, planned_rows, redrive_table
 from poison_pipeline.operations.undo import UndoError, undo
 from poison_pipeline.storage.lease import LeaseHeld
 from poison_pipeline.storage.plans import remove_finished_plans
@@ -99,7 +99,7 @@ def _complete(declaration: Declaration, writer: QueueWriter, action: Action, run
     tables = writer.tables
     args = action.arguments
     if action.kind == "redrive":
-        redrive(declaration, tables.queue, args["from"], to=args["to"], redrive_id=action.action_id,
+        redrive_table(declaration, tables.queue, args["from"], to=args["to"], redrive_id=action.action_id,
                 actor=action.actor, run_id=run_id)
     elif action.kind == "edit":
         row = edit_row(tables, action.action_id)

@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from deltalake import Transaction
+from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_duration
@@ -60,7 +61,9 @@ from poison_pipeline.operations.actions import (
 from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.redrive import still_in_place
 from poison_pipeline.operations.render import breakdown, when
+from poison_pipeline.operations.requests import ActionContext, action_id, failure_table
 from poison_pipeline.operations.selection import (
+    Filters,
     Selection,
     SelectionError,
     check_table,
@@ -107,14 +110,54 @@ class PurgeResult:
     action_id: str | None = None
 
 
-def _age(older_than: timedelta | str | float) -> timedelta:
-    try:
-        age = parse_duration(older_than)
-    except ValueError as error:
-        raise PurgeError(f"--older-than {error}") from None
-    if age < timedelta(0):
-        raise PurgeError(f"--older-than {older_than!r}: give an age of zero or more (e.g. 30d)")
-    return age
+class PurgeOptions(Filters):
+    """What a purge takes besides its queue: the run config of a queue's purge job in Dagster."""
+
+    table: str = Field(description="Where the messages are: poison, dead_letter or quarantine.")
+    older_than: str = Field(description="Failed more than this long ago: 30d, 12h, 90m, PT1H or seconds.")
+    confirm: bool = Field(default=False, description="Delete for good; without it, only report what would be "
+                          "deleted (the preview).")
+    id: str | None = Field(default=None, description="The purge's id; default: a new one. Run again with it, "
+                           "an interrupted purge completes.")
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        return failure_table(value)
+
+    @field_validator("older_than", mode="before")
+    @classmethod
+    def _age(cls, value: object) -> object:
+        # Seconds may come as a number (YAML, Python); an age is kept as the text the operator wrote.
+        return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+    @field_validator("older_than")
+    @classmethod
+    def _non_negative(cls, value: str) -> str:
+        if parse_duration(value) < timedelta(0):
+            raise ValueError(f"{value!r}: give an age of zero or more (e.g. 30d)")
+        return value
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        return action_id(value)
+
+
+class PurgeRequest(PurgeOptions):
+    """A purge: the selected failed messages of one table of a queue, deleted for good."""
+
+    queue: str = Field(description="The queue whose failed messages are purged.")
+
+
+def purge(declaration: Declaration, request: PurgeRequest, context: ActionContext | None = None) -> PurgeResult:
+    """Delete for good (with `confirm`; else report what would be deleted) the messages of the
+    request's table that failed more than `older_than` ago and match its filters. Raises PurgeError or
+    SelectionError, before anything is written, for a request that cannot run."""
+    context = context or ActionContext()
+    return purge_table(declaration, request.queue, request.table, request.older_than, request.selection(),
+                       dry_run=not request.confirm, purge_id=request.id, actor=context.actor,
+                       run_id=context.run_id, now=context.now)
 
 
 def _bounded(selection: Selection, cutoff: datetime) -> tuple[Selection, datetime]:
@@ -124,12 +167,13 @@ def _bounded(selection: Selection, cutoff: datetime) -> tuple[Selection, datetim
     return Selection(**fields), before
 
 
-def purge(declaration: Declaration, queue: str, table: str, older_than: timedelta | str | float,
-          selection: Selection | None = None, *, dry_run: bool = False, purge_id: str | None = None,
-          actor: str | None = None, run_id: str = "manual", now: datetime | None = None) -> PurgeResult:
+def purge_table(declaration: Declaration, queue: str, table: str, older_than: timedelta | str | float,
+                selection: Selection | None = None, *, dry_run: bool = False, purge_id: str | None = None,
+                actor: str | None = None, run_id: str = "manual", now: datetime | None = None) -> PurgeResult:
     """Delete for good the messages of `queue`'s `table` (poison, dead_letter or quarantine) that
-    failed more than `older_than` ago and match `selection`. Raises PurgeError or SelectionError,
-    before anything is written, for a bad request; a dry run writes nothing at all."""
+    failed more than `older_than` ago and match `selection`: a validated request's purge, or the
+    retention's. Raises PurgeError or SelectionError, before anything is written, for a request the
+    lake refuses; a dry run writes nothing at all."""
     if queue not in declaration.queues:
         raise PurgeError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
     try:
@@ -139,7 +183,7 @@ def purge(declaration: Declaration, queue: str, table: str, older_than: timedelt
     if (given := operator_id(purge_id, PurgeError)) is not None and \
             (why := reused_id(declaration, given, queue, KIND)) is not None:
         raise PurgeError(why)
-    age = _age(older_than)
+    age = parse_duration(older_than)
     now = now or datetime.now(UTC)
     bounded, cutoff = _bounded(selection or Selection(), now - age)
     # An empty time range, a `--where` that is no predicate or another bad filter fails here: before
@@ -202,7 +246,7 @@ def apply_retention(declaration: Declaration, queue: str, now: datetime | None =
     """Purge each table of `queue` older than its declared `retention`, by the same code as `purge`,
     recorded with actor poison_pipeline; tables without a retention are left alone."""
     now = now or datetime.now(UTC)
-    return [purge(declaration, queue, table, age, actor=RETENTION_ACTOR, run_id=run_id, now=now)
+    return [purge_table(declaration, queue, table, age, actor=RETENTION_ACTOR, run_id=run_id, now=now)
             for table, age in declaration.queue(queue).retention.items()]
 
 

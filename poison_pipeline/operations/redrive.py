@@ -29,6 +29,7 @@ the replacement is part of the plan, so a replay sends exactly the same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -40,10 +41,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.paths import operator_id
-from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, PROCESSED, QUARANTINE
+from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import (
     ABANDONED,
     PLANNED,
@@ -56,9 +58,17 @@ from poison_pipeline.operations.actions import (
     reused_id,
     table_version,
 )
-from poison_pipeline.operations.groups import group_id, group_key
+from poison_pipeline.operations.groups import UnknownGroup, group_id, group_key, locate_group
 from poison_pipeline.operations.render import breakdown, when
-from poison_pipeline.operations.selection import Selection, SelectionError, check_table, selected, selection_filter
+from poison_pipeline.operations.requests import ActionContext, action_id, failure_table, not_blank
+from poison_pipeline.operations.selection import (
+    Filters,
+    Selection,
+    SelectionError,
+    check_table,
+    selected,
+    selection_filter,
+)
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.intake import ensure_intake, record_intake
 from poison_pipeline.storage.plans import read_plan, remove_plan, write_plan
@@ -82,7 +92,9 @@ class Replacement:
 
 
 @dataclass(frozen=True)
-class RedriveRequest:
+class TableRedrive:
+    """One source table's redrive, as its action records it."""
+
     queue: str
     source: str
     to: str
@@ -100,11 +112,11 @@ class RedriveRequest:
             arguments["replaced"] = sorted(mid for mid, _ in self.replace)
         return arguments
 
-    def as_recorded(self, recorded: dict[str, Any]) -> RedriveRequest:
+    def as_recorded(self, recorded: dict[str, Any]) -> TableRedrive:
         """The request an action recorded: run again by its id, an interrupted redrive completes what it
         planned, from where and to where it planned it, whatever this call asks (the replacements
         are this call's: an action records only whose body it replaced)."""
-        return RedriveRequest(recorded["queue"], recorded["from"], recorded["to"],
+        return TableRedrive(recorded["queue"], recorded["from"], recorded["to"],
                               Selection.of_arguments(recorded.get("selection") or {}), recorded.get("rate"),
                               recorded.get("limit"), bool(recorded.get("force")), self.replace)
 
@@ -136,19 +148,166 @@ class RedriveResult:
     as_recorded: dict[str, Any] = field(default_factory=dict)
 
 
-def redrive(declaration: Declaration, queue: str, source: str, selection: Selection | None = None, *,
-            to: str | None = None, dry_run: bool = False, rate: float | None = None, limit: int | None = None,
-            redrive_id: str | None = None, force: bool = False, actor: str | None = None,
-            run_id: str = "manual", now: datetime | None = None,
-            replace: dict[str, Replacement] | None = None,
-            progress: Callable[[int, int], None] | None = None) -> RedriveResult:
+class RedriveOptions(Filters):
+    """What a redrive takes besides its queue: the run config of a queue's redrive asset in Dagster."""
+
+    source_tables: list[str] = Field(default_factory=lambda: list(FAILURE_TABLES), description="The tables the "
+                               "failed messages are taken from: poison, dead_letter, quarantine (one or more).")
+    to: str | None = Field(default=None, description="Another declared queue whose inbound receives them; "
+                           "default: the queue's own.")
+    rate: float | None = Field(default=None, description="Release this many messages a second (their due "
+                               "times), shared by the source tables; default: all due now.")
+    limit: int | None = Field(default=None, description="Move at most this many messages in all.")
+    force: bool = Field(default=False, description="Also send messages redriven max_redrives times already "
+                        "(the loop guard).")
+    dry_run: bool = Field(default=False, description="Say what would move; change nothing.")
+    id: str | None = Field(default=None, description="The redrive's id; default: a new one. Run again with it, "
+                           "an interrupted redrive completes as it was recorded. With several source tables, "
+                           "each has its own: the id and the table (r1-poison).")
+
+    @field_validator("source_tables")
+    @classmethod
+    def _sources(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError(f"{value!r}: name one or more of {', '.join(FAILURE_TABLES)}")
+        for table in value:
+            failure_table(table)
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value!r}: a table is named twice")
+        return value
+
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _per_second(cls, value: object) -> object:
+        return value.removesuffix("/s") if isinstance(value, str) else value  # "50/s", as the help writes it
+
+    @field_validator("rate")
+    @classmethod
+    def _positive_rate(cls, value: float | None) -> float | None:
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{value!r}: give a positive number of messages per second")
+        return value
+
+    @field_validator("limit")
+    @classmethod
+    def _positive_limit(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"{value!r}: give a positive number of messages")
+        return value
+
+    @field_validator("to")
+    @classmethod
+    def _to(cls, value: str | None) -> str | None:
+        return not_blank(value)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        return action_id(value)
+
+
+class RedriveRequest(RedriveOptions):
+    """A redrive: the selected failed messages of a queue's source tables back to an inbound."""
+
+    queue: str = Field(description="The queue whose failed messages are redriven.")
+
+
+@dataclass
+class RedriveReport:
+    """A redrive's outcome, one result per source table that was redriven (or previewed)."""
+
+    results: list[RedriveResult]
+
+    @property
+    def moved(self) -> int:
+        return sum(r.moved for r in self.results)
+
+    @property
+    def selected(self) -> int:
+        return sum(r.selected for r in self.results)
+
+    @property
+    def already_done(self) -> bool:
+        return bool(self.results) and all(r.already_done for r in self.results)
+
+
+def redrive(declaration: Declaration, request: RedriveRequest, context: ActionContext | None = None) -> RedriveReport:
+    """Send the selected failed messages of `request.queue`'s source tables back to an inbound.
+
+    Every source table is checked before anything is written, so a bad filter changes nothing. A
+    rate is shared by the tables that have something to move; a limit counts the messages of all of
+    them. Raises RedriveError or SelectionError for a request that cannot run."""
+    context = context or ActionContext()
+    sources = _sources(declaration, request)
+    selection = request.selection()
+    for source in sources:
+        selection_filter(selection, source)
+
+    def one(source: str, *, dry_run: bool, rate: float | None, limit: int | None) -> RedriveResult:
+        redrive_id = request.id if request.id is None or len(request.source_tables) == 1 else f"{request.id}-{source}"
+        return _completed_counts(declaration, request.queue, redrive_table(
+            declaration, request.queue, source, selection, to=request.to, dry_run=dry_run, rate=rate,
+            limit=limit, redrive_id=redrive_id, force=request.force, actor=context.actor, run_id=context.run_id,
+            now=context.now, progress=context.progress))
+
+    rate = request.rate
+    if request.dry_run or (rate is not None and len(sources) > 1):
+        previews = [one(s, dry_run=True, rate=None, limit=request.limit) for s in sources]
+        if request.dry_run:
+            return RedriveReport(previews)
+        rate = (rate or 0) / max(1, sum(1 for p in previews if p.moved))
+    results: list[RedriveResult] = []
+    remaining = request.limit
+    for source in sources:
+        if remaining == 0:
+            break
+        result = one(source, dry_run=False, rate=rate, limit=remaining)
+        results.append(result)
+        remaining = None if remaining is None else remaining - result.moved
+    return RedriveReport(results)
+
+
+def _sources(declaration: Declaration, request: RedriveRequest) -> list[str]:
+    """The source tables to take from: with a group, those of them that have rows of it."""
+    if request.group is None or len(request.source_tables) == 1:
+        return list(request.source_tables)
+    try:
+        found = {g.table for g in locate_group(declaration, request.group, request.queue)}
+    except UnknownGroup as error:
+        raise SelectionError(f"--group {error}") from None
+    sources = [t for t in request.source_tables if t in found]
+    if not sources:
+        raise SelectionError(f"--group {request.group!r}: its rows are in {', '.join(sorted(found))} of queue "
+                             f"{request.queue!r}, none in the source tables {', '.join(request.source_tables)}")
+    return sources
+
+
+def _completed_counts(declaration: Declaration, queue: str, result: RedriveResult) -> RedriveResult:
+    """A redrive run again after it completed moves nothing; what it did then is in its action."""
+    if not result.already_done:
+        return result
+    action = find_action(QueueTables.of(declaration, queue), result.redrive_id)
+    counts = action.counts if action is not None else {}
+    return dataclasses.replace(result, selected=counts.get("selected", 0), moved=counts.get("moved", 0),
+                   skipped_processed=counts.get("skipped_processed", 0),
+                   skipped_loop_guard=counts.get("skipped_loop_guard", 0),
+                   skipped_limit=counts.get("skipped_limit", 0))
+
+
+def redrive_table(declaration: Declaration, queue: str, source: str, selection: Selection | None = None, *,
+                  to: str | None = None, dry_run: bool = False, rate: float | None = None,
+                  limit: int | None = None, redrive_id: str | None = None, force: bool = False,
+                  actor: str | None = None, run_id: str = "manual", now: datetime | None = None,
+                  replace: dict[str, Replacement] | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> RedriveResult:
     """Send the selected failed messages of `queue`'s `source` table to the inbound of `to` (default:
-    `queue`). Raises RedriveError or SelectionError, before anything is written, for a bad request.
+    `queue`): one table's redrive, as `redrive` and `edit` run it (their requests validated).
+    Raises RedriveError or SelectionError, before anything is written, for a request the lake refuses.
     `progress(moved, total)` hears of each chunk appended (a terminal shows a bar).
     `replace` gives new bodies and headers by message id (what `edit` does); an edit calls it
     holding the queue's lease already, which the same thread re-enters."""
     replacements = tuple(sorted((replace or {}).items()))
-    request = _checked(declaration, RedriveRequest(queue, source, to or queue, selection or Selection(),
+    request = _checked(declaration, TableRedrive(queue, source, to or queue, selection or Selection(),
                                                    rate, limit, force, replacements))
     given = operator_id(redrive_id, RedriveError)
     if given is not None and (why := reused_id(declaration, given, queue, KIND)) is not None:
@@ -165,7 +324,7 @@ def redrive(declaration: Declaration, queue: str, source: str, selection: Select
                     now or datetime.now(UTC), progress or (lambda moved, total: None))
 
 
-def _checked(declaration: Declaration, request: RedriveRequest) -> RedriveRequest:
+def _checked(declaration: Declaration, request: TableRedrive) -> TableRedrive:
     for name in (request.queue, request.to):
         if name not in declaration.queues:
             raise RedriveError(f"no queue {name!r} is declared; declared: {', '.join(declaration.queues)}")
@@ -176,10 +335,6 @@ def _checked(declaration: Declaration, request: RedriveRequest) -> RedriveReques
     # A bad filter (an empty time range, a `--where` that is no predicate) changes nothing: not even
     # the tables a first redrive creates, nor the lease.
     selection_filter(request.selection, request.source)
-    if request.rate is not None and not (request.rate > 0 and math.isfinite(request.rate)):
-        raise RedriveError(f"--rate {request.rate!r}: give a positive number of messages per second")
-    if request.limit is not None and request.limit < 1:
-        raise RedriveError(f"--limit {request.limit!r}: give a positive number of messages")
     return request
 
 
@@ -192,7 +347,7 @@ class _Plan:
     skipped_limit: int
 
 
-def _plan(declaration: Declaration, request: RedriveRequest, tables: QueueTables, redrive_id: str,
+def _plan(declaration: Declaration, request: TableRedrive, tables: QueueTables, redrive_id: str,
           now: datetime) -> _Plan:
     rows = selected(declaration, request.queue, request.source, request.selection)
     total = rows.num_rows
@@ -237,7 +392,7 @@ def _chunks(due: list[datetime], rate: float | None, now: datetime) -> list[int]
     return [int((d - now).total_seconds() // width) for d in due]
 
 
-def _as_inbound(rows: pa.Table, request: RedriveRequest, redrive_id: str, now: datetime) -> pa.Table:
+def _as_inbound(rows: pa.Table, request: TableRedrive, redrive_id: str, now: datetime) -> pa.Table:
     due = _due_times(rows.num_rows, request.rate, now)
     chunks = _chunks(due, request.rate, now)
     lifetimes = [None if exp is None or enq is None else exp - enq
@@ -283,7 +438,7 @@ def app_id(source_queue: str, redrive_id: str) -> str:
     return f"poison_pipeline/{source_queue}/{redrive_id}"
 
 
-def _run(declaration: Declaration, request: RedriveRequest, writer: QueueWriter, redrive_id: str, actor: str,
+def _run(declaration: Declaration, request: TableRedrive, writer: QueueWriter, redrive_id: str, actor: str,
          run_id: str, now: datetime, progress: Callable[[int, int], None]) -> RedriveResult:
     tables = writer.tables
     recorded = find_action(tables, redrive_id)
@@ -341,7 +496,7 @@ def still_in_place(tables: QueueTables, table: str, rows: pa.Table, batch_column
         rows["message_id"].to_pylist(), rows[batch_column].to_pylist(), strict=True)], pa.bool_()))
 
 
-def _send(writer: QueueWriter, target: QueueTables, request: RedriveRequest, redrive_id: str,
+def _send(writer: QueueWriter, target: QueueTables, request: TableRedrive, redrive_id: str,
           in_place: pa.Table, planned: pa.Table, now: datetime, progress: Callable[[int, int], None]) -> pa.Table:
     """Append the rows still in place to the target, chunk by chunk, and remove from the source those
     whose copies are verifiably in the target; returns the planned rows this redrive moved (by this
@@ -427,11 +582,11 @@ def _plan_counts(plan: _Plan) -> dict[str, int]:
             "skipped_loop_guard": plan.skipped_loop_guard, "skipped_limit": plan.skipped_limit}
 
 
-def _summary(plan: _Plan, request: RedriveRequest, redrive_id: str, dry_run: bool) -> RedriveResult:
+def _summary(plan: _Plan, request: TableRedrive, redrive_id: str, dry_run: bool) -> RedriveResult:
     return _summary_of(plan.rows, _plan_counts(plan), request, redrive_id, dry_run)
 
 
-def _summary_of(rows: pa.Table, counts: dict[str, int], request: RedriveRequest, redrive_id: str,
+def _summary_of(rows: pa.Table, counts: dict[str, int], request: TableRedrive, redrive_id: str,
                 dry_run: bool) -> RedriveResult:
     due = rows["due_at"].to_pylist()
     groups = rows["group"].to_pylist()

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.durations import parse_time
 from poison_pipeline.domain.predicates import PredicateError
 from poison_pipeline.domain.routing import FAILED_AT, FAILURE_TABLES
 from poison_pipeline.operations.groups import UnknownGroup, group_filter
+from poison_pipeline.operations.requests import Request, not_blank
 from poison_pipeline.operations.where import where_filter
 from poison_pipeline.storage.tables import QueueTables, schema_of
 
@@ -53,6 +56,52 @@ class Selection:
                    message_type=arguments.get("message_type"), conversation=arguments.get("conversation"),
                    failed_after=at("failed_after"), failed_before=at("failed_before"),
                    ids=None if ids is None else tuple(ids), where=arguments.get("where"))
+
+
+class Filters(Request):
+    """The filters of the actions that select failed messages (redrive, purge): all given must hold."""
+
+    group: str | None = Field(default=None, description="A failure group id, as `groups` shows it.")
+    error_type: str | None = Field(default=None, description="The last error's type: ValueError, or "
+                                   "PartObsolete for myapp.errors.PartObsolete.")
+    message_type: str | None = Field(default=None, description="The messages' message_type.")
+    conversation: str | None = Field(default=None, description="A conversation id.")
+    failed_after: str | None = Field(default=None, description="ISO 8601; failed at or after (UTC when no "
+                                     "zone is given).")
+    failed_before: str | None = Field(default=None, description="ISO 8601; failed before.")
+    ids: list[str] | None = Field(default=None, description="Only these message ids.")
+    where: str | None = Field(default=None, description="A predicate over the table's columns: = != < <= > "
+                              ">=, IN (...), LIKE, IS [NOT] NULL, BETWEEN, AND, OR, NOT, parentheses (no SQL "
+                              "beyond these).")
+
+    @field_validator("group", "error_type", "message_type", "conversation", "where")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        return not_blank(value)
+
+    @field_validator("failed_after", "failed_before")
+    @classmethod
+    def _moment(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_time(value)
+        return value
+
+    def selection(self) -> Selection:
+        """The selection these filters make."""
+        return Selection(group=self.group, error_type=self.error_type, message_type=self.message_type,
+                         conversation=self.conversation, failed_after=_time(self.failed_after),
+                         failed_before=_time(self.failed_before),
+                         ids=None if self.ids is None else tuple(self.ids), where=self.where)
+
+    def within(self, start: datetime, end: datetime) -> Self:
+        """These filters narrowed to failures from `start` to before `end` (a day's partition)."""
+        after = max(t for t in (start, _time(self.failed_after)) if t is not None)
+        before = min(t for t in (end, _time(self.failed_before)) if t is not None)
+        return self.model_copy(update={"failed_after": after.isoformat(), "failed_before": before.isoformat()})
+
+
+def _time(text: str | None) -> datetime | None:
+    return None if text is None else parse_time(text)
 
 
 def check_table(table: str) -> None:
