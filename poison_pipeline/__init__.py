@@ -21,17 +21,24 @@ if TYPE_CHECKING:
     from poison_pipeline.handlers import batch_handler
     from poison_pipeline.operations.actions import Action, list_actions
     from poison_pipeline.operations.cycle import run_cycle
-    from poison_pipeline.operations.edit import EditError, EditNotFound, EditResult, edit
-    from poison_pipeline.operations.enable import EnableResult, enable
+    from poison_pipeline.operations.edit import EditError, EditNotFound, EditRequest, EditResult, edit
+    from poison_pipeline.operations.enable import EnableRequest, EnableResult, enable
+    from poison_pipeline.operations.end_conversation import EndConversationRequest, end_conversation
     from poison_pipeline.operations.groups import FailureGroup, UnknownGroup, failure_groups
     from poison_pipeline.operations.history import Journey, JourneyEvent, history
     from poison_pipeline.operations.inspect_message import InspectError, Inspection, inspect_message
-    from poison_pipeline.operations.purge import PurgeError, PurgeResult, purge
+    from poison_pipeline.operations.purge import PurgeError, PurgeRequest, PurgeResult, purge
     from poison_pipeline.operations.records import EnqueueResult, Refusal, enqueue
-    from poison_pipeline.operations.redrive import RedriveError, RedriveResult, redrive
-    from poison_pipeline.operations.selection import Selection
+    from poison_pipeline.operations.redrive import (
+        RedriveError,
+        RedriveReport,
+        RedriveRequest,
+        RedriveResult,
+        redrive,
+    )
+    from poison_pipeline.operations.requests import ActionContext
     from poison_pipeline.operations.status import QueueStatus, TableStatus, queue_status
-    from poison_pipeline.operations.undo import UndoError, UndoResult, undo
+    from poison_pipeline.operations.undo import UndoError, UndoRequest, UndoResult, undo
 
 # name -> the module that defines it.
 _WHERE = {
@@ -50,7 +57,7 @@ _WHERE = {
     "CycleReport": "poison_pipeline.engine.cycle",
     "build_session": "poison_pipeline.engine.session",
     # the operator console
-    "Selection": "poison_pipeline.operations.selection",
+    "ActionContext": "poison_pipeline.operations.requests",
     "queue_status": "poison_pipeline.operations.status",
     "QueueStatus": "poison_pipeline.operations.status",
     "TableStatus": "poison_pipeline.operations.status",
@@ -64,19 +71,27 @@ _WHERE = {
     "Journey": "poison_pipeline.operations.history",
     "JourneyEvent": "poison_pipeline.operations.history",
     "redrive": "poison_pipeline.operations.redrive",
+    "RedriveRequest": "poison_pipeline.operations.redrive",
+    "RedriveReport": "poison_pipeline.operations.redrive",
     "RedriveResult": "poison_pipeline.operations.redrive",
     "RedriveError": "poison_pipeline.operations.redrive",
     "edit": "poison_pipeline.operations.edit",
+    "EditRequest": "poison_pipeline.operations.edit",
     "EditResult": "poison_pipeline.operations.edit",
     "EditError": "poison_pipeline.operations.edit",
     "EditNotFound": "poison_pipeline.operations.edit",
     "purge": "poison_pipeline.operations.purge",
+    "PurgeRequest": "poison_pipeline.operations.purge",
     "PurgeResult": "poison_pipeline.operations.purge",
     "PurgeError": "poison_pipeline.operations.purge",
     "undo": "poison_pipeline.operations.undo",
+    "UndoRequest": "poison_pipeline.operations.undo",
     "UndoResult": "poison_pipeline.operations.undo",
     "UndoError": "poison_pipeline.operations.undo",
     "enable": "poison_pipeline.operations.enable",
+    "EnableRequest": "poison_pipeline.operations.enable",
+    "end_conversation": "poison_pipeline.operations.end_conversation",
+    "EndConversationRequest": "poison_pipeline.operations.end_conversation",
     "EnableResult": "poison_pipeline.operations.enable",
     "list_actions": "poison_pipeline.operations.actions",
     "Action": "poison_pipeline.operations.actions",
@@ -86,13 +101,17 @@ _WHERE = {
 
 __all__ = [
     "Action",
+    "ActionContext",
     "CycleReport",
     "Declaration",
     "DeclarationError",
     "EditError",
     "EditNotFound",
+    "EditRequest",
     "EditResult",
+    "EnableRequest",
     "EnableResult",
+    "EndConversationRequest",
     "EnqueueResult",
     "FailureGroup",
     "InspectError",
@@ -102,20 +121,24 @@ __all__ = [
     "Message",
     "PoisonQueuesComponent",
     "PurgeError",
+    "PurgeRequest",
     "PurgeResult",
     "QueueStatus",
     "RedriveError",
+    "RedriveReport",
+    "RedriveRequest",
     "RedriveResult",
     "Refusal",
-    "Selection",
     "TableStatus",
     "UndoError",
+    "UndoRequest",
     "UndoResult",
     "UnknownGroup",
     "batch_handler",
     "build_session",
     "edit",
     "enable",
+    "end_conversation",
     "enqueue",
     "failure_groups",
     "history",

@@ -410,8 +410,8 @@ def run_op(config: str, op: str, args: dict[str, Any]) -> str:
                          to=args.get("to"), redrive_id=args.get("id"), actor="model", run_id="model")
         return f"redrive {result.redrive_id} moved {result.moved} already_done={result.already_done}"
     if op == "edit":
-        from poison_pipeline.operations.edit import edit
-        edited = edit(declaration, args["message_id"], args["body"].encode(), queue=args.get("queue"),
+        from poison_pipeline.operations.edit import edit_message
+        edited = edit_message(declaration, args["message_id"], args["body"].encode(), queue=args.get("queue"),
                       edit_id=args.get("id"), actor="model", run_id="model")
         return f"edit {edited}"
     if op == "purge":
@@ -420,8 +420,8 @@ def run_op(config: str, op: str, args: dict[str, Any]) -> str:
                        selection_of(args.get("selection")), purge_id=args.get("id"), actor="model", run_id="model")
         return f"purge {purged}"
     if op == "undo":
-        from poison_pipeline.operations.undo import undo
-        return f"undo {undo(declaration, args['id'], actor='model', run_id='model')}"
+        from poison_pipeline.operations.undo import undo_action
+        return f"undo {undo_action(declaration, args['id'], actor='model', run_id='model')}"
     if op == "maintain":
         from poison_pipeline.operations.maintenance import maintain
         maintain(declaration, args["queue"], vacuum=args.get("vacuum", False),

@@ -32,11 +32,11 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 
 from poison_pipeline.domain.declaration import Declaration, load_declaration
-from poison_pipeline.operations.edit import edit
+from poison_pipeline.operations.edit import edit_message
 from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
-from poison_pipeline.operations.undo import undo
+from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage.tables import ACTIONS
 
 LEASE = "_lease"
@@ -55,13 +55,13 @@ def run_operation(declaration: Declaration, operation: str, args: dict[str, Any]
         result = redrive_table(declaration, args["queue"], args["source"], selection, rate=args.get("rate"),
                          redrive_id=args["id"], now=now)
     elif operation == "edit":
-        result = edit(declaration, args["message_id"], args["body"].encode(), args.get("headers"),
+        result = edit_message(declaration, args["message_id"], args["body"].encode(), args.get("headers"),
                       edit_id=args["id"], now=now)
     elif operation == "purge":
         result = purge_table(declaration, args["queue"], args["table"], args["older_than"], selection,
                        purge_id=args["id"], now=now)
     elif operation == "undo":
-        result = undo(declaration, args["id"], now=now)
+        result = undo_action(declaration, args["id"], now=now)
     else:
         raise ValueError(f"operation {operation!r}: choose redrive, edit, purge or undo")
     return json.loads(json.dumps(asdict(result), default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))

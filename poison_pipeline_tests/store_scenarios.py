@@ -16,7 +16,7 @@ from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive_table
-from poison_pipeline.operations.undo import undo
+from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage.intake import accepted_total
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.uri import fs_of
@@ -50,7 +50,7 @@ def operator_sequence(make_declaration: Any, root: str, options: dict[str, str])
     redriven = redrive_table(declaration, "q", "poison", redrive_id="r1")
     assert redriven.moved == 2 and places(declaration)["p1"] == ["inbound"]
     balanced()
-    assert undo(declaration, "r1").restored == 2
+    assert undo_action(declaration, "r1").restored == 2
     assert places(declaration)["p1"] == ["poison"]
     balanced()
     assert purge_table(declaration, "q", "poison", older_than="0s", purge_id="x1").purged == 2

@@ -27,12 +27,12 @@ from poison_pipeline.operations import redrive as redrive_module
 from poison_pipeline.operations.actions import ABANDONED, DONE, PLANNED, find_action
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.edit import EditNotFound, edit
+from poison_pipeline.operations.edit import EditNotFound, edit_message
 from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import RedriveError, Replacement, redrive_table
 from poison_pipeline.operations.selection import Selection
-from poison_pipeline.operations.undo import UndoError, undo
+from poison_pipeline.operations.undo import UndoError, undo_action
 from poison_pipeline.storage.journal import read_entry
 from poison_pipeline.storage.tables import PLANS, PURGED, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
@@ -113,7 +113,7 @@ def test_case_1_redrive_undo_and_the_same_redrive_again_moves_them_again(make_de
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
     first = redrive_table(declaration, "q", POISON)
-    assert undo(declaration, first.action_id).restored == 2
+    assert undo_action(declaration, first.action_id).restored == 2
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
     again = redrive_table(declaration, "q", POISON)
     assert again.redrive_id != first.redrive_id  # a new invocation is a new action
@@ -224,9 +224,9 @@ def test_case_6_an_undo_killed_then_an_enqueue_then_the_undo_again_compensates_w
     with monkeypatch.context() as patch:
         kill_before(patch, QueueWriter, *killed_before)
         with pytest.raises(Killed):
-            undo(declaration, "r1")
+            undo_action(declaration, "r1")
     send(declaration, "q", {"n1": {}})
-    result = undo(declaration, "r1")
+    result = undo_action(declaration, "r1")
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 2, [])
     assert places(declaration) == {"m1": [POISON], "m2": [POISON], "n1": [INBOUND]}
     assert accounted(declaration) == 3
@@ -239,7 +239,7 @@ def test_case_12_undo_of_a_redrive_into_a_queue_it_created_brings_the_message_ba
     done = redrive_table(declaration, "qb", POISON, to="qc")
     assert QueueTables.of(declaration, "qb").exists(POISON)
     assert find_action(QueueTables.of(declaration, "qb"), done.action_id).versions["qc/inbound"]["before"] is None
-    result = undo(declaration, done.action_id)
+    result = undo_action(declaration, done.action_id)
     assert (result.restored, result.unrecoverable) == (1, [])
     assert places(declaration, "qb") == {"m1": [POISON]}
     assert places(declaration, "qc") == {}
@@ -259,7 +259,7 @@ def test_case_14_an_undo_finishes_the_queues_staged_cycle_first(make_declaration
         with pytest.raises(Killed):
             cycle(declaration)
     assert read_entry(QueueTables.of(declaration, "q"), INBOUND).state == "staged"
-    result = undo(declaration, "r1")
+    result = undo_action(declaration, "r1")
     assert read_entry(QueueTables.of(declaration, "q"), INBOUND).state == "done"
     assert (result.restored, result.unrecoverable) == (0, ["m1"])
     assert places(declaration) == {"m1": ["processed:processed"]}
@@ -301,7 +301,7 @@ def test_a_redrive_killed_before_its_plan_is_closed_abandoned_by_the_next_cycle(
     assert (again.already_done, again.abandoned, again.moved) == (True, True, 0)
     assert "was abandoned" in redrive_module.format_redrive(again)
     with pytest.raises(UndoError, match="abandoned"):
-        undo(declaration, "r1")
+        undo_action(declaration, "r1")
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
     assert accounted(declaration) == 2
 
@@ -312,12 +312,12 @@ def test_an_edit_killed_before_it_recorded_the_new_body_is_closed_abandoned(make
     with monkeypatch.context() as patch:
         kill_before(patch, edit_module, "_record", 1)
         with pytest.raises(Killed):
-            edit(declaration, "m1", b'{"fail": false}', queue="q", edit_id="e1")
+            edit_message(declaration, "m1", b'{"fail": false}', queue="q", edit_id="e1")
     assert cycle(declaration).interrupted.abandoned == ["e1"]
-    again = edit(declaration, "m1", b'{"fail": false}', queue="q", edit_id="e1")
+    again = edit_message(declaration, "m1", b'{"fail": false}', queue="q", edit_id="e1")
     assert (again.already_done, again.abandoned, again.moved) == (True, True, 0)
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
-    assert edit(declaration, "m1", b'{"fail": false}', queue="q", edit_id="e2").moved == 1
+    assert edit_message(declaration, "m1", b'{"fail": false}', queue="q", edit_id="e2").moved == 1
 
 
 def test_an_edit_completes_an_interrupted_redrive_of_its_message_first(make_declaration, monkeypatch):
@@ -331,7 +331,7 @@ def test_an_edit_completes_an_interrupted_redrive_of_its_message_first(make_decl
             redrive_table(declaration, "q", POISON, redrive_id="r1")
     assert places(declaration) == {"m1": [INBOUND, POISON], "m2": [INBOUND, POISON]}
     with pytest.raises(EditNotFound, match="left q/poison"):
-        edit(declaration, "m1", b'{"fail": false}', queue="q", source=POISON, edit_id="e1")
+        edit_message(declaration, "m1", b'{"fail": false}', queue="q", source=POISON, edit_id="e1")
     assert find_action(QueueTables.of(declaration, "q"), "r1").state == DONE
     assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND]}
     assert accounted(declaration) == 2
@@ -349,7 +349,7 @@ def test_an_undo_into_another_queue_killed_half_way_is_completed_by_its_queues_n
     with monkeypatch.context() as patch:
         kill_before(patch, QueueWriter, "replace_batches", 2)  # the first holds the copies
         with pytest.raises(Killed):
-            undo(declaration, "r1")
+            undo_action(declaration, "r1")
     assert places(declaration, "z") == {"m1": [INBOUND], "m2": [INBOUND], "n1": [INBOUND]}
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
     assert cycle(declaration).interrupted.completed == ["undo-r1"]
@@ -373,7 +373,7 @@ def test_an_undo_keeps_a_message_enqueued_while_the_redrive_ran(make_declaration
         patch.setattr(redrive_module, "_remove_from_source", enqueue_meanwhile)
         redrive_table(declaration, "q", POISON, redrive_id="r1")
     assert places(declaration) == {"m1": [INBOUND], "m2": [INBOUND], "n1": [INBOUND]}
-    undo(declaration, "r1")
+    undo_action(declaration, "r1")
     assert places(declaration) == {"m1": [POISON], "m2": [POISON], "n1": [INBOUND]}
     assert accounted(declaration) == 3
 
@@ -394,7 +394,7 @@ def test_an_undo_of_a_redrive_to_another_queue_completed_after_that_queue_moved_
     cycle(declaration, "qa")
     assert places(declaration, "qa") == {"a1": ["processed:processed"], "m1": [POISON], "m2": [POISON]}
     assert cycle(declaration, "qc").interrupted.completed == ["r5"]
-    result = undo(declaration, "r5")
+    result = undo_action(declaration, "r5")
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 0, ["m1", "m2"])
     assert places(declaration, "qc") == {}
     assert places(declaration, "qa") == {"a1": ["processed:processed"], "m1": [POISON], "m2": [POISON]}
@@ -437,9 +437,9 @@ def test_an_id_of_another_kind_of_action_is_refused_and_changes_nothing(make_dec
     with pytest.raises(purge_module.PurgeError, match=taken.format("purge")):
         purge_table(declaration, "q", POISON, 0, purge_id="r1")
     with pytest.raises(edit_module.EditError, match=taken.format("edit")):
-        edit(declaration, "m2", b'{"fail": false}', queue="q", edit_id="r1")
+        edit_message(declaration, "m2", b'{"fail": false}', queue="q", edit_id="r1")
     with pytest.raises(edit_module.EditError, match=taken.format("edit")):
-        edit(declaration, "m2", b'{"fail": false}', edit_id="r1")  # found in whichever queue records it
+        edit_message(declaration, "m2", b'{"fail": false}', edit_id="r1")  # found in whichever queue records it
     purge_table(declaration, "q", POISON, 0, Selection(ids=("m2",)), purge_id="p1")
     with pytest.raises(RedriveError, match="'p1' is already used by queue 'q' for an action of kind 'purge', not"):
         redrive_table(declaration, "q", POISON, redrive_id="p1")
@@ -450,10 +450,10 @@ def test_an_edit_run_again_by_its_id_for_another_message_completes_the_recorded_
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
     with monkeypatch.context() as patch:
-        kill_before(patch, edit_module, "redrive_table", 2)  # after its dry-run probe: the new body recorded, nothing sent
+        kill_before(patch, edit_module, "redrive_table", 2)  # after its dry-run probe: body recorded, nothing sent
         with pytest.raises(Killed):
-            edit(declaration, "m1", b'{"fixed": 1}', queue="q", edit_id="e1")
-    again = edit(declaration, "m2", b'{"fixed": 2}', queue="q", edit_id="e1")
+            edit_message(declaration, "m1", b'{"fixed": 1}', queue="q", edit_id="e1")
+    again = edit_message(declaration, "m2", b'{"fixed": 2}', queue="q", edit_id="e1")
     assert (again.message_id, again.new_body, again.moved) == ("m1", b'{"fixed": 1}', 1)
     assert places(declaration) == {"m1": [INBOUND], "m2": [POISON]}
     bodies = {r["message_id"]: r["body"] for r in QueueTables.of(declaration, "q").message_rows(INBOUND, "m1")}

@@ -25,7 +25,7 @@ from poison_pipeline.operations.checks import (
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive_table
-from poison_pipeline.operations.undo import undo
+from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.tables import QueueTables
@@ -192,7 +192,7 @@ def test_conservation_balances_across_sends_unsent_sends_and_redrives_between_qu
     lines = {q: check_conservation(t) for q, t in (("orders", orders), ("shipping", shipping))}
     assert all(c.passed for c in lines.values()), {q: c.description for q, c in lines.items()}
     assert (lines["orders"].metadata["accepted"], lines["shipping"].metadata["accepted"]) == (3, 2)
-    undo(declaration, moved.action_id)  # and back
+    undo_action(declaration, moved.action_id)  # and back
     lines = {q: check_conservation(t) for q, t in (("orders", orders), ("shipping", shipping))}
     assert all(c.passed for c in lines.values()), {q: c.description for q, c in lines.items()}
     assert (lines["orders"].metadata["accepted"], lines["shipping"].metadata["accepted"]) == (4, 1)

@@ -165,7 +165,7 @@ def test_status_shows_ended_conversations(config: Path, capsys) -> None:
      "error: no queue 'nope' is declared; declared: q, other"),
     (["", "--code", "1", "--description", "x"], "error: conversation_id '': must be non-empty text"),
     (["c-1", "--code", "1", "--description", "x", "--actor", ""], "error: actor '': must be non-empty text"),
-    (["c-1", "--code", "abc", "--description", "x"], "argument --code: invalid int value: 'abc'"),
+    (["c-1", "--code", "abc", "--description", "x"], "error: --code 'abc': input should be a valid integer"),
     (["c-1", "--description", "x"], "the following arguments are required: --code"),
 ])
 def test_usage_errors_exit_2_and_change_nothing(config: Path, capsys, args: list[str], message: str) -> None:

@@ -33,7 +33,7 @@ from poison_pipeline.engine.local_servers import alive, process_links
 from poison_pipeline.examples.checks import hook_calls
 from poison_pipeline.handlers import UnsafePath, safe_path
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.edit import EditError, edit
+from poison_pipeline.operations.edit import EditError, edit_message
 from poison_pipeline.operations.purge import PurgeError, purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import RedriveError, redrive_table
@@ -190,7 +190,7 @@ def test_operator_ids_that_would_leave_the_lake_are_refused_before_anything_is_w
         with pytest.raises(PurgeError, match=LAKE_RULE):
             purge_table(declaration, "q", "quarantine", "1d", purge_id=hostile)
         with pytest.raises(EditError, match=LAKE_RULE):
-            edit(declaration, "bad", b"{}", edit_id=hostile)
+            edit_message(declaration, "bad", b"{}", edit_id=hostile)
     assert main(["--config", str(config), "status", "--queue", "../q"]) == 2
     assert "no queue '../q' is declared" in capsys.readouterr().err
     assert table_versions(declaration) == before

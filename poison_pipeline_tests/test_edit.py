@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from poison_pipeline import cli
 from poison_pipeline.operations import edit as edit_module
 from poison_pipeline.operations import redrive as redrive_module
 from poison_pipeline.operations.actions import DONE, PLANNED, find_action
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edits_of
+from poison_pipeline.operations.edit import EditError, EditNotFound, EditRequest, edit_message, edits_of
 from poison_pipeline.operations.inspect_message import inspect_message
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.tables import QueueTables
@@ -51,7 +52,7 @@ def fixed(log: Path) -> bytes:
 def test_an_edited_body_is_processed_and_the_original_stays_readable(spark, lake):
     declaration, log = lake
     original = rows(declaration, "poison")[0]["body"]
-    result = edit(declaration, "bad-0", fixed(log), {"fixed-by": "alice"}, actor="alice")
+    result = edit_message(declaration, "bad-0", fixed(log), {"fixed-by": "alice"}, actor="alice")
     assert (result.queue, result.source, result.moved, result.actor) == ("q", "poison", 1, "alice")
     assert result.original_body == original and result.new_headers == {"tenant": "acme", "fixed-by": "alice"}
     waiting = {r["message_id"]: r for r in rows(declaration, "inbound")}
@@ -67,7 +68,7 @@ def test_an_edited_body_is_processed_and_the_original_stays_readable(spark, lake
     assert [e.original_body for e in seen.edits] == [original]
     # The same edit again changes nothing.
     before = table_versions(declaration)
-    assert edit(declaration, "bad-0", fixed(log), {"fixed-by": "alice"}, edit_id=result.edit_id).already_done
+    assert edit_message(declaration, "bad-0", fixed(log), {"fixed-by": "alice"}, edit_id=result.edit_id).already_done
     assert table_versions(declaration) == before
 
 
@@ -80,7 +81,7 @@ def test_an_invalid_body_is_refused_and_no_table_changes(lake, body, problem):
     declaration, _ = lake
     before = table_versions(declaration)
     with pytest.raises(EditError, match=problem):
-        edit(declaration, "bad-0", body)
+        edit_message(declaration, "bad-0", body)
     assert table_versions(declaration) == before
 
 
@@ -88,9 +89,9 @@ def test_an_unknown_message_and_a_bad_header_are_refused(lake):
     declaration, log = lake
     before = table_versions(declaration)
     with pytest.raises(EditNotFound, match="'nobody' is not in"):
-        edit(declaration, "nobody", fixed(log))
-    with pytest.raises(EditError, match="header name is empty"):
-        edit(declaration, "bad-0", fixed(log), {"": "x"})
+        edit_message(declaration, "nobody", fixed(log))
+    with pytest.raises(ValidationError, match="headers\n  Value error, '': a header name cannot be empty"):
+        EditRequest(message_id="bad-0", body="{}", headers={"": "x"})
     assert table_versions(declaration) == before
 
 
@@ -114,18 +115,18 @@ def test_killed_at_each_step_and_run_again_it_completes_once(lake, monkeypatch, 
 
     monkeypatch.setattr(owner, name, die)
     with pytest.raises(Crash):
-        edit(declaration, "bad-0", fixed(log), edit_id="e1")
+        edit_message(declaration, "bad-0", fixed(log), edit_id="e1")
     monkeypatch.setattr(owner, name, original)
     if step != "begin":
         tables = QueueTables.of(declaration, "q")
         assert find_action(tables, "e1").state == PLANNED
-    result = edit(declaration, "bad-0", fixed(log), edit_id="e1")
+    result = edit_message(declaration, "bad-0", fixed(log), edit_id="e1")
     assert not result.already_done
     assert places(declaration) == {"bad-0": ["inbound"], "bad-1": ["poison"]}
     (waiting,) = rows(declaration, "inbound")
     assert waiting["body"] == fixed(log)
     assert [r["new_body"] for r in edits_of(declaration, "bad-0")] == [fixed(log)]
-    assert edit(declaration, "bad-0", fixed(log), edit_id="e1").already_done
+    assert edit_message(declaration, "bad-0", fixed(log), edit_id="e1").already_done
 
 
 def test_the_cli_edits_with_json_and_refuses_bad_input(lake, tmp_path, capsys):

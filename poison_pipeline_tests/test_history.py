@@ -12,7 +12,7 @@ import pytest
 
 from poison_pipeline import cli
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.edit import edit
+from poison_pipeline.operations.edit import edit_message
 from poison_pipeline.operations.history import history
 from poison_pipeline.operations.inspect_message import AsOfError, inspect_message
 from poison_pipeline.operations.records import enqueue
@@ -65,7 +65,7 @@ def test_failed_poisoned_redriven_processed_in_order(journey):
 
 def test_edits_appear_on_the_timeline(spark, journey, tmp_path):
     declaration, _, _, _ = journey
-    result = edit(declaration, "m-2", json.dumps({}).encode(), actor="carol")
+    result = edit_message(declaration, "m-2", json.dumps({}).encode(), actor="carol")
     run_cycle(spark, declaration, "q", "inbound")
     events = history(declaration, "m-2").events
     kinds = [e.kind for e in events]

@@ -24,7 +24,7 @@ from poison_pipeline.operations.checks import check_conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.maintenance import RetentionTooShort, maintain, retention_hours
 from poison_pipeline.operations.purge import purge_table
-from poison_pipeline.operations.undo import undo
+from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage.tables import QueueTables, whole_file_removes
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
 from poison_pipeline_tests.dagster_support import QUIET
@@ -54,7 +54,7 @@ def test_after_maintenance_a_cycle_takes_every_small_batch_once_and_an_undo_stil
     assert by_table["inbound"].files_after == 1 and by_table["intake"].files_after == 1
     assert sum(t.vacuumed_files for t in result.tables) > 0
     # The purge's versions kept their files: its undo brings the message back from time travel.
-    assert undo(declaration, purged.purge_id).restored == 1
+    assert undo_action(declaration, purged.purge_id).restored == 1
     report = run_cycle(spark, declaration, "q", "inbound")
     assert report.counts["messages"] == 60 and rows(declaration, "inbound") == []
     where = places(declaration)

@@ -30,7 +30,7 @@ from poison_pipeline.domain.declaration import Declaration, parse_declaration
 from poison_pipeline.operations.actions import list_actions
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.edit import edit
+from poison_pipeline.operations.edit import edit_message
 from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive_table
@@ -87,7 +87,7 @@ def _purged_twice(spark, declaration: Declaration, at: datetime) -> None:
 
 
 def _edited(spark, declaration: Declaration, at: datetime) -> None:
-    edit(declaration, "db-0", FIXED_BODY.encode(), edit_id="e1")
+    edit_message(declaration, "db-0", FIXED_BODY.encode(), edit_id="e1")
 
 
 def _edited_then_enqueued(spark, declaration: Declaration, at: datetime) -> None:

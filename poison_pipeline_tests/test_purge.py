@@ -27,7 +27,7 @@ from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, PurgeRequest, apply_retention, purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.selection import Selection, SelectionError
-from poison_pipeline.operations.undo import undo
+from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage.tables import PLANS, QueueTables
 from poison_pipeline.storage.writer import Committer, QueueWriter
 from poison_pipeline_tests.conftest import SPARK
@@ -255,12 +255,12 @@ def test_an_undo_killed_between_its_restores_leaves_every_message_somewhere(lake
 
     monkeypatch.setattr(QueueWriter, "restore", die_on_second)
     with pytest.raises(Crash):
-        undo(declaration, done.action_id)
+        undo_action(declaration, done.action_id)
     monkeypatch.setattr(QueueWriter, "restore", real)
     # Back in the table, not yet out of the ledger: in two places for a moment, never in none.
     assert calls == [table, "purged"]
     assert ids(declaration, table) == gone and ids(declaration, "purged") == gone
-    assert undo(declaration, done.action_id).restored == 3
+    assert undo_action(declaration, done.action_id).restored == 3
     assert ids(declaration, table) == gone and ids(declaration, "purged") == []
     balanced(declaration)
 

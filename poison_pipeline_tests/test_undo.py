@@ -22,12 +22,12 @@ from poison_pipeline.operations import undo as undo_module
 from poison_pipeline.operations.actions import DONE, PLANNED, UNDONE, begin_action, find_action
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.edit import edit, edits_of
+from poison_pipeline.operations.edit import edit_message, edits_of
 from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
-from poison_pipeline.operations.undo import UndoError, format_undo, undo
+from poison_pipeline.operations.undo import UndoError, format_undo, undo_action
 from poison_pipeline.storage.tables import PURGED, QueueTables
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
 from poison_pipeline_tests.support import places, rows, table_versions
@@ -44,7 +44,7 @@ def test_undo_right_after_a_redrive_brings_back_the_rows_as_they_were(lake):  # 
     declaration, _ = lake
     before = rows(declaration, "poison")
     done = redrive_table(declaration, "q", "poison", WITHDRAWALS)
-    result = undo(declaration, done.action_id, actor="carol")
+    result = undo_action(declaration, done.action_id, actor="carol")
     # An inbound is never restored (it accepts enqueues without the lease): the undo compensates.
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 3, [])
     assert sorted(map(str, rows(declaration, "poison"))) == sorted(map(str, before))
@@ -52,7 +52,7 @@ def test_undo_right_after_a_redrive_brings_back_the_rows_as_they_were(lake):  # 
     tables = QueueTables.of(declaration, "q")
     assert find_action(tables, done.action_id).state == UNDONE
     assert find_action(tables, result.undo_id).actor == "carol"
-    assert undo(declaration, done.action_id).already_undone
+    assert undo_action(declaration, done.action_id).already_undone
 
 
 def test_undo_after_later_commits_moves_back_what_is_still_there_and_names_the_rest(spark, lake):  # noqa: F811
@@ -61,7 +61,7 @@ def test_undo_after_later_commits_moves_back_what_is_still_there_and_names_the_r
     done = redrive_table(declaration, "q", "poison", WITHDRAWALS, rate=0.05, now=now)  # db-0 due now, the others later
     assert not enqueue(declaration, "q", [{"message_id": "new-1", "message_type": "t", "body": {}}], now=now).refused
     run_cycle(spark, declaration, "q", "inbound", now=now + timedelta(seconds=1))  # processes db-0 and new-1
-    result = undo(declaration, done.action_id)
+    result = undo_action(declaration, done.action_id)
     assert result.how == "compensate"
     assert (result.restored, result.unrecoverable) == (2, ["db-0"])
     assert poison_ids(declaration) == ["db-1", "db-2", "own-1"]
@@ -69,18 +69,18 @@ def test_undo_after_later_commits_moves_back_what_is_still_there_and_names_the_r
     assert where["db-0"] == ["processed:processed"] and where["new-1"] == ["processed:processed"]
     assert rows(declaration, "inbound") == []
     # Run again: nothing moves twice.
-    assert undo(declaration, done.action_id).already_undone
+    assert undo_action(declaration, done.action_id).already_undone
     assert poison_ids(declaration) == ["db-1", "db-2", "own-1"]
 
 
 def test_undo_refuses_what_it_cannot_undo(lake):  # noqa: F811
     declaration, _ = lake
     with pytest.raises(UndoError, match="no action 'nope' is recorded"):
-        undo(declaration, "nope")
+        undo_action(declaration, "nope")
     done = redrive_table(declaration, "q", "poison", WITHDRAWALS)
-    reverse = undo(declaration, done.action_id)
+    reverse = undo_action(declaration, done.action_id)
     with pytest.raises(UndoError, match="is of kind 'undo', which cannot be undone"):
-        undo(declaration, reverse.undo_id)
+        undo_action(declaration, reverse.undo_id)
 
 
 # Purge
@@ -106,7 +106,7 @@ def test_undo_right_after_a_purge_restores_the_versions_before_it(lake):  # noqa
     declaration, _ = lake
     done = purge_table(declaration, "q", "poison", "1h", WITHDRAWALS, now=datetime.now(UTC) + LATER)
     assert poison_ids(declaration) == ["own-1"] and len(purged(declaration)) == 3
-    result = undo(declaration, done.action_id, actor="carol")
+    result = undo_action(declaration, done.action_id, actor="carol")
     assert (result.kind, result.how, result.restored, result.unrecoverable) == ("purge", "restore", 3, [])
     assert poison_ids(declaration) == ["db-0", "db-1", "db-2", "own-1"]
     assert purged(declaration) == []
@@ -115,7 +115,7 @@ def test_undo_right_after_a_purge_restores_the_versions_before_it(lake):  # noqa
     assert find_action(tables, done.action_id).state == UNDONE
     assert find_action(tables, result.undo_id).state == DONE
     before = table_versions(declaration)
-    assert undo(declaration, done.action_id).already_undone
+    assert undo_action(declaration, done.action_id).already_undone
     assert table_versions(declaration) == before
 
 
@@ -134,9 +134,9 @@ def test_undo_of_a_purge_after_another_purge_appends_back_and_balances(lake, mon
 
     monkeypatch.setattr(undo_module, "mark_undone", die)
     with pytest.raises(Crash):
-        undo(declaration, first.action_id)
+        undo_action(declaration, first.action_id)
     monkeypatch.setattr(undo_module, "mark_undone", real)
-    result = undo(declaration, first.action_id)
+    result = undo_action(declaration, first.action_id)
     assert (result.how, result.unrecoverable) == ("compensate", [])
     assert poison_ids(declaration) == ["db-0", "db-1", "db-2"]
     assert [r["body"] for r in rows(declaration, "poison")] != [None] * 3
@@ -144,7 +144,7 @@ def test_undo_of_a_purge_after_another_purge_appends_back_and_balances(lake, mon
     balanced(declaration)
     assert find_action(QueueTables.of(declaration, "q"), first.action_id).state == UNDONE
     before = table_versions(declaration)
-    assert undo(declaration, first.action_id).already_undone
+    assert undo_action(declaration, first.action_id).already_undone
     assert table_versions(declaration) == before
 
 
@@ -157,7 +157,7 @@ def test_undo_of_a_purge_whose_files_were_vacuumed_names_them_and_changes_nothin
     DeltaTable(tables.uri("poison")).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     before = table_versions(declaration)
     with pytest.raises(UndoError, match=r"vacuum.*db-0, db-1, db-2"):
-        undo(declaration, first.action_id)
+        undo_action(declaration, first.action_id)
     assert table_versions(declaration) == before
     assert find_action(tables, first.action_id).state == DONE
     balanced(declaration)
@@ -172,7 +172,7 @@ def body_of(declaration, table: str, message_id: str) -> bytes:
 
 
 def edited(declaration, log) -> str:
-    result = edit(declaration, "db-0", json.dumps({"log": str(log)}).encode(), {"fixed-by": "alice"})
+    result = edit_message(declaration, "db-0", json.dumps({"log": str(log)}).encode(), {"fixed-by": "alice"})
     assert result.moved == 1
     return result.edit_id
 
@@ -181,7 +181,7 @@ def test_undo_right_after_an_edit_brings_the_original_body_back_and_keeps_the_ed
     declaration, log = lake
     original = body_of(declaration, "poison", "db-0")
     edit_id = edited(declaration, log)
-    result = undo(declaration, edit_id)
+    result = undo_action(declaration, edit_id)
     assert (result.kind, result.how, result.restored, result.unrecoverable) == ("edit", "compensate", 1, [])
     assert body_of(declaration, "poison", "db-0") == original
     assert rows(declaration, "inbound") == []
@@ -190,7 +190,7 @@ def test_undo_right_after_an_edit_brings_the_original_body_back_and_keeps_the_ed
     assert find_action(tables, f"{edit_id}-redrive").state == UNDONE
     assert [e["edit_id"] for e in edits_of(declaration, "db-0")] == [edit_id]  # history stays
     before = table_versions(declaration)
-    assert undo(declaration, edit_id).already_undone
+    assert undo_action(declaration, edit_id).already_undone
     assert table_versions(declaration) == before
 
 
@@ -199,12 +199,12 @@ def test_undo_of_an_edit_after_an_enqueue_moves_the_message_back(lake):  # noqa:
     original = body_of(declaration, "poison", "db-0")
     edit_id = edited(declaration, log)
     assert not enqueue(declaration, "q", [{"message_id": "new-1", "message_type": "t", "body": {}}]).refused
-    result = undo(declaration, edit_id)
+    result = undo_action(declaration, edit_id)
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 1, [])
     assert body_of(declaration, "poison", "db-0") == original
     assert [r["message_id"] for r in rows(declaration, "inbound")] == ["new-1"]
     assert find_action(QueueTables.of(declaration, "q"), edit_id).state == UNDONE
-    assert undo(declaration, edit_id).already_undone
+    assert undo_action(declaration, edit_id).already_undone
 
 
 def test_undo_of_an_edit_already_processed_names_it(spark, lake):  # noqa: F811
@@ -212,7 +212,7 @@ def test_undo_of_an_edit_already_processed_names_it(spark, lake):  # noqa: F811
     edit_id = edited(declaration, log)
     run_cycle(spark, declaration, "q", "inbound")
     assert places(declaration)["db-0"] == ["processed:processed"]
-    result = undo(declaration, edit_id)
+    result = undo_action(declaration, edit_id)
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 0, ["db-0"])
     assert places(declaration)["db-0"] == ["processed:processed"]
     assert find_action(QueueTables.of(declaration, "q"), edit_id).state == UNDONE
@@ -231,12 +231,12 @@ def test_undo_of_an_edit_killed_before_it_marked_the_edit_completes_once(lake, m
 
     monkeypatch.setattr(undo_module, "mark_undone", die_on_the_edit)
     with pytest.raises(Crash):
-        undo(declaration, edit_id)
+        undo_action(declaration, edit_id)
     tables = QueueTables.of(declaration, "q")
     assert find_action(tables, f"{edit_id}-redrive").state == UNDONE
     assert find_action(tables, edit_id).state == DONE
     monkeypatch.setattr(undo_module, "mark_undone", real)
-    result = undo(declaration, edit_id)
+    result = undo_action(declaration, edit_id)
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 1, [])
     assert find_action(tables, edit_id).state == UNDONE
     assert poison_ids(declaration) == ["db-0", "db-1", "db-2", "own-1"]
@@ -268,7 +268,7 @@ def test_undo_of_a_partly_vacuumed_purge_brings_back_what_it_can_read_and_names_
     (gone,) = _files_holding(declaration, "poison", before, "db-0")
     assert _files_holding(declaration, "poison", before, "late-1") != [gone]
     os.remove(gone)
-    result = undo(declaration, done.action_id)
+    result = undo_action(declaration, done.action_id)
     # Nothing committed since the purge, but a RESTORE to a version with a file missing would fail (or
     # leave a table pointing at nothing): the undo compensates instead.
     assert (result.how, result.restored, result.unrecoverable) == ("compensate", 1, ["db-0", "db-1", "db-2"])
@@ -281,7 +281,7 @@ def test_undo_of_a_partly_vacuumed_purge_brings_back_what_it_can_read_and_names_
     assert find_action(tables, done.action_id).state == UNDONE
     assert "3 cannot come back: their rows were in 1 file(s) of q/poison" in format_undo(result)
     after = table_versions(declaration)
-    assert undo(declaration, done.action_id).already_undone
+    assert undo_action(declaration, done.action_id).already_undone
     assert table_versions(declaration) == after
 
 
@@ -295,7 +295,7 @@ def test_undo_of_a_purge_whose_files_are_all_gone_refuses_even_with_no_commit_si
     versions = table_versions(declaration)
     with pytest.raises(UndoError, match=r"none of its 3 message\(s\) can come back .*vacuum deleted.*"
                                         r"db-0, db-1, db-2\)\. Nothing was changed"):
-        undo(declaration, done.action_id)
+        undo_action(declaration, done.action_id)
     assert table_versions(declaration) == versions
     assert find_action(tables, done.action_id).state == DONE
     assert poison_ids(declaration) == ["own-1"]
@@ -363,9 +363,9 @@ def test_the_command_undoes_edits_and_names_the_one_already_processed(spark, lak
     declaration, log = lake
     config = _config(declaration, tmp_path)
     originals = {m: body_of(declaration, "poison", m) for m in ("db-0", "db-1")}
-    first = edit(declaration, "db-0", json.dumps({"log": str(log)}).encode()).edit_id
+    first = edit_message(declaration, "db-0", json.dumps({"log": str(log)}).encode()).edit_id
     run_cycle(spark, declaration, "q", "inbound")  # the edited db-0 is processed
-    second = edit(declaration, "db-1", json.dumps({"log": str(log)}).encode()).edit_id
+    second = edit_message(declaration, "db-1", json.dumps({"log": str(log)}).encode()).edit_id
 
     ran = command(config, "undo", second)
     assert ran.returncode == 0, ran.stderr
@@ -405,12 +405,12 @@ def test_an_undo_of_a_redrive_to_another_queue_killed_before_its_removal_leaves_
     with monkeypatch.context() as patch:
         patch.setattr(QueueWriter, "replace_batches", removal_killed)
         with pytest.raises(_Killed):
-            undo(declaration, "r1")
+            undo_action(declaration, "r1")
     assert sorted(r["message_id"] for r in rows(declaration, "poison")) == ["db-0", "db-1", "db-2", "own-1"]
     report = run_cycle(spark, declaration, "other", "inbound")
     assert report.skipped == "no message is due", report.counts  # the copies wait for the undo
     assert sorted(r["message_id"] for r in rows(declaration, "inbound", "other")) == ["db-1", "db-2"]
-    assert undo(declaration, "r1").restored == 2
+    assert undo_action(declaration, "r1").restored == 2
     where = places(declaration)
     assert {m: where[m] for m in ("db-1", "db-2")} == {"db-1": ["poison"], "db-2": ["poison"]}
     assert places(declaration, "other") == {}

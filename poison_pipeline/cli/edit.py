@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 from dataclasses import asdict
 from pathlib import Path
 
@@ -11,7 +12,6 @@ from poison_pipeline.cli.common import (
     EXIT_OK,
     Commands,
     UsageError,
-    action_id,
     add_actor,
     add_command,
     add_json,
@@ -19,8 +19,10 @@ from poison_pipeline.cli.common import (
     declaration_of,
     print_json,
 )
+from poison_pipeline.cli.requests import add_field, request_of
 from poison_pipeline.domain.routing import FAILURE_TABLES
-from poison_pipeline.operations.edit import EditError, EditNotFound, edit, format_edit
+from poison_pipeline.operations.edit import EditError, EditNotFound, EditRequest, edit, format_edit
+from poison_pipeline.operations.requests import ActionContext
 
 
 def add_parser(commands: Commands) -> None:
@@ -35,14 +37,14 @@ def add_parser(commands: Commands) -> None:
         "completes without writing anything twice; run again after it completed, it changes nothing.",
         run,
     )
-    sub.add_argument("message_id", metavar="MESSAGE_ID", help="the failed message's message_id")
+    add_field(sub, EditRequest, "message_id", metavar="MESSAGE_ID")
+    # The body comes from a file, as raw bytes: `run` reads it.
     sub.add_argument("--body-file", metavar="FILE", required=True, help="the new body, as raw bytes")
     sub.add_argument("--header", metavar="K=V", type=_header, action="append",
                      help="set a header (repeatable); the other headers are kept")
-    sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only look in this queue")
-    sub.add_argument("--from", dest="source", choices=FAILURE_TABLES, default=None,
-                     help="only look in this table")
-    sub.add_argument("--id", metavar="ID", type=action_id, help="the edit's id (resume or repeat it)")
+    add_field(sub, EditRequest, "queue", "--queue", "-q", metavar="QUEUE")
+    add_field(sub, EditRequest, "source", "--from", choices=FAILURE_TABLES)
+    add_field(sub, EditRequest, "id", "--id", metavar="ID")
     add_actor(sub)
     add_json(sub)
 
@@ -62,9 +64,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--body-file {args.body_file}: no such file") from None
     except OSError as error:
         raise UsageError(f"--body-file {args.body_file}: {error.strerror}") from None
+    request = request_of(EditRequest, args, body=base64.b64encode(body).decode("ascii"), encoding="base64",
+                         headers=dict(args.header or []))
     try:
-        result = edit(declaration, args.message_id, body, dict(args.header or []), queue=args.queue,
-                      source=args.source, edit_id=args.id, actor=args.actor)
+        result = edit(declaration, request, ActionContext(actor=args.actor))
     except EditError as error:
         raise UsageError(str(error)) from None
     except EditNotFound as error:

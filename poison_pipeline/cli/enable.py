@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 from poison_pipeline.cli.common import EXIT_OK, Commands, add_actor, add_command, check_queue, declaration_of
-from poison_pipeline.operations.enable import enable
+from poison_pipeline.cli.requests import add_field, request_of
+from poison_pipeline.operations.enable import EnableRequest, enable
 from poison_pipeline.operations.render import when
+from poison_pipeline.operations.requests import ActionContext
 
 
 def add_parser(commands: Commands) -> None:
@@ -17,20 +19,20 @@ def add_parser(commands: Commands) -> None:
         "it on an enabled queue records nothing and succeeds.",
         run,
     )
-    sub.add_argument("queue", metavar="QUEUE", help="the application queue to enable")
-    sub.add_argument("--reason", metavar="TEXT", default="re-enabled from the command line",
-                     help="why it is being enabled (recorded); default: %(default)r")
+    add_field(sub, EnableRequest, "queue", metavar="QUEUE")
+    add_field(sub, EnableRequest, "reason", "--reason", metavar="TEXT")
     add_actor(sub, "who is enabling it (recorded); default: your login name")
 
 
 def run(args: argparse.Namespace) -> int:
+    request = request_of(EnableRequest, args)
     declaration = declaration_of(args)
-    check_queue(declaration, args.queue)
-    result = enable(declaration, args.queue, args.actor, args.reason)
+    check_queue(declaration, request.queue)
+    result = enable(declaration, request, ActionContext(actor=args.actor))
     if not result.changed:
         print(f"queue {args.queue!r} is already enabled; its state is unchanged (action {result.action.action_id})")
         return EXIT_OK
     before = result.before
-    print(f"queue {args.queue!r} enabled by {args.actor}: {args.reason} (action {result.action.action_id})")
+    print(f"queue {args.queue!r} enabled by {args.actor}: {request.reason} (action {result.action.action_id})")
     print(f"  it was disabled since {when(before.since)} by {before.actor}: {before.reason}")
     return EXIT_OK

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
-from datetime import UTC, datetime
 
 from poison_pipeline.broker.conversations import CONVERSATION_ENDED, EndResult
 from poison_pipeline.cli.common import (
@@ -19,9 +18,11 @@ from poison_pipeline.cli.common import (
     declaration_of,
     print_json,
 )
+from poison_pipeline.cli.requests import add_field, request_of
 from poison_pipeline.domain.conversation_errors import ConversationError
-from poison_pipeline.operations.end_conversation import end_conversation_by_operator, queues_to_end
+from poison_pipeline.operations.end_conversation import EndConversationRequest, end_conversation
 from poison_pipeline.operations.render import when
+from poison_pipeline.operations.requests import ActionContext
 
 
 def add_parser(commands: Commands) -> None:
@@ -42,37 +43,29 @@ def add_parser(commands: Commands) -> None:
         "unfinished steps (after a crash, or a failed hook) are completed.",
         run,
     )
-    sub.add_argument("conversation_id", metavar="ID", help="the conversation_id of the messages")
-    sub.add_argument("--code", type=int, required=True, metavar="N",
-                     help="error code, non-zero: positive for an application error, negative for a "
-                          "system error (e.g. -8489 lifetime expired)")
-    sub.add_argument("--description", required=True, metavar="TEXT",
-                     help="what went wrong, sent to the senders (non-empty, at most 3000 characters)")
-    sub.add_argument("--queue", "-q", metavar="QUEUE", default=None,
-                     help="only this queue, even where the conversation has no messages (default: every "
-                          "queue where it has messages, ledger rows or a recorded end)")
+    add_field(sub, EndConversationRequest, "conversation_id", metavar="ID")
+    add_field(sub, EndConversationRequest, "code", "--code", required=True, metavar="N")
+    add_field(sub, EndConversationRequest, "description", "--description", required=True, metavar="TEXT")
+    add_field(sub, EndConversationRequest, "queue", "--queue", "-q", metavar="QUEUE")
     add_actor(sub, "who is ending it (recorded); default: your login name")
     add_json(sub)
 
 
 def run(args: argparse.Namespace) -> int:
+    request = request_of(EndConversationRequest, args)
     declaration = declaration_of(args, import_code=True)  # it runs the clean-up hook
     try:
-        queues = queues_to_end(declaration, args.conversation_id, args.code, args.description, args.actor,
-                               args.queue)
+        results = [end.result for end in end_conversation(declaration, request, ActionContext(actor=args.actor))]
     except ConversationError as error:
         raise UsageError(str(error)) from None
-    if not queues:
+    if not results:
         complain(args, f"conversation {args.conversation_id!r} has no messages, ledger rows or recorded end in "
                        f"queues {', '.join(declaration.queues)}; name a queue with --queue to end it there anyway")
         return EXIT_INCOMPLETE
-    now = datetime.now(UTC)
-    results = [end_conversation_by_operator(declaration, queue, args.conversation_id, args.code,
-                                            args.description, args.actor, now).result for queue in queues]
     if args.json:
         print_json([{**asdict(r), "kind": r.kind, "removed_total": r.removed_total} for r in results])
     else:
-        print("\n".join(_text(r, args.code, args.description) for r in results))
+        print("\n".join(_text(r, request.code, request.description) for r in results))
     failed = [r for r in results if r.hook_error is not None]
     for result in failed:
         complain(args, f"error: queue {result.queue!r}: clean-up hook {result.hook} failed: {result.hook_error}; "

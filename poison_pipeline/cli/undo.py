@@ -16,7 +16,9 @@ from poison_pipeline.cli.common import (
     declaration_of,
     print_json,
 )
-from poison_pipeline.operations.undo import UndoError, format_undo, undo
+from poison_pipeline.cli.requests import add_field, request_of
+from poison_pipeline.operations.requests import ActionContext
+from poison_pipeline.operations.undo import UndoError, UndoRequest, format_undo, undo
 
 
 def add_parser(commands: Commands) -> None:
@@ -30,15 +32,17 @@ def add_parser(commands: Commands) -> None:
         "purged ledger.",
         run,
     )
-    sub.add_argument("action_id", metavar="ACTION_ID", help="an action id from `actions`")
+    add_field(sub, UndoRequest, "action_id", metavar="ACTION_ID")
+    add_field(sub, UndoRequest, "queue", "--queue", "-q", metavar="QUEUE")
     add_actor(sub)
     add_json(sub)
 
 
 def run(args: argparse.Namespace) -> int:
+    request = request_of(UndoRequest, args)
     declaration = declaration_of(args)
     try:
-        result = undo(declaration, args.action_id, actor=args.actor)
+        result = undo(declaration, request, ActionContext(actor=args.actor))
     except UndoError as error:
         raise UsageError(str(error)) from None
     if args.json:

@@ -22,13 +22,16 @@ id another queue's actions ledger records is refused. The original body stays in
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
@@ -46,6 +49,7 @@ from poison_pipeline.operations.actions import (
     reused_id,
 )
 from poison_pipeline.operations.redrive import Replacement, redrive_table
+from poison_pipeline.operations.requests import ActionContext, Request, action_id, failure_table, not_blank
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import EDITS, QueueTables
@@ -80,12 +84,75 @@ class EditResult:
     abandoned: bool = False  # with already_done: closed by a cycle, killed before it recorded the new body
 
 
-def _check_headers(headers: dict[str, str]) -> None:
-    for key, value in headers.items():
-        if not isinstance(key, str) or not key.strip():
-            raise EditError(f"--header {key!r}={value!r}: the header name is empty")
-        if not isinstance(value, str):
-            raise EditError(f"--header {key}: the value must be a string")
+class EditOptions(Request):
+    """What an edit takes besides where to look: the run config of a queue's edit job in Dagster."""
+
+    message_id: str = Field(description="The failed message's message_id.")
+    body: str = Field(description="The new body: text, or base64 with encoding base64 (binary bodies).")
+    encoding: str = Field(default="utf-8", description="How `body` is written: utf-8 or base64.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Headers set; the others are kept.")
+    source: str | None = Field(default=None, description="Only look in this table: poison, dead_letter or "
+                               "quarantine (a message in several must name one).")
+    id: str | None = Field(default=None, description="The edit's id; default: a new one. Run again with it, "
+                           "an interrupted edit completes the message and body it recorded.")
+
+    @field_validator("message_id")
+    @classmethod
+    def _message_id(cls, value: str) -> str:
+        return not_blank(value) or value
+
+    @field_validator("encoding")
+    @classmethod
+    def _encoding(cls, value: str) -> str:
+        if value not in ("utf-8", "base64"):
+            raise ValueError(f"{value!r}: choose utf-8 or base64")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key.strip():
+                raise ValueError(f"{key!r}: a header name cannot be empty")
+        return value
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str | None) -> str | None:
+        return None if value is None else failure_table(value)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        return action_id(value)
+
+    @model_validator(mode="after")
+    def _decodable(self) -> Self:
+        self.body_bytes()
+        return self
+
+    def body_bytes(self) -> bytes:
+        if self.encoding == "utf-8":
+            return self.body.encode("utf-8")
+        try:
+            return base64.b64decode(self.body, validate=True)
+        except binascii.Error as error:
+            raise ValueError(f"the body is not base64 ({error}), as encoding 'base64' says") from None
+
+
+class EditRequest(EditOptions):
+    """An edit: a failed message's new body and headers, and the message sent back to its inbound."""
+
+    queue: str | None = Field(default=None, description="Only look in this queue.")
+
+
+def edit(declaration: Declaration, request: EditRequest, context: ActionContext | None = None) -> EditResult:
+    """Replace the body of a failed message (and set headers, the others kept) and send it back to its
+    queue's inbound. Raises EditError (a request the lake refuses) or EditNotFound before writing."""
+    context = context or ActionContext()
+    return edit_message(declaration, request.message_id, request.body_bytes(), request.headers,
+                        queue=request.queue, source=request.source, edit_id=request.id, actor=context.actor,
+                        run_id=context.run_id, now=context.now)
 
 
 def _failed_copies(declaration: Declaration, message_id: str, queue: str | None,
@@ -108,17 +175,14 @@ def _recorded_edit(declaration: Declaration, edit_id: str, queue: str | None) ->
     return None
 
 
-def edit(declaration: Declaration, message_id: str, body: bytes, headers: dict[str, str] | None = None, *,
-         queue: str | None = None, source: str | None = None, edit_id: str | None = None,
-         actor: str | None = None, run_id: str = "manual", now: datetime | None = None) -> EditResult:
+def edit_message(declaration: Declaration, message_id: str, body: bytes, headers: dict[str, str] | None = None,
+                 *, queue: str | None = None, source: str | None = None, edit_id: str | None = None,
+                 actor: str | None = None, run_id: str = "manual", now: datetime | None = None) -> EditResult:
     """Replace the body of failed message `message_id` (and set `headers`, kept otherwise) and send it
-    back to its queue's inbound. Raises EditError (bad input) or EditNotFound before writing anything."""
+    back to its queue's inbound: a validated request's edit, or an interrupted one's completion."""
     given = dict(headers or {})
-    _check_headers(given)
     if queue is not None and queue not in declaration.queues:
         raise EditError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
-    if source is not None and source not in FAILURE_TABLES:
-        raise EditError(f"--from {source!r}: choose poison, dead_letter or quarantine")
     given_id = operator_id(edit_id, EditError)
     if given_id is not None and queue is not None and \
             (why := reused_id(declaration, given_id, queue, "edit")) is not None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import Field, field_validator
+
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations.actions import Action, begin_action, finish_action
+from poison_pipeline.operations.requests import ActionContext, Request, not_blank
 from poison_pipeline.storage.control import QueueState, queue_state, set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 from poison_pipeline.storage.writer import queue_writer
@@ -19,8 +22,27 @@ class EnableResult:
     action: Action
 
 
-def enable(declaration: Declaration, queue: str, actor: str, reason: str, run_id: str = "manual") -> EnableResult:
-    """Enable `queue` under its lease; raises StateNotRecorded if the state does not show it after."""
+class EnableOptions(Request):
+    """What enabling takes besides its queue: the run config of a queue's enable job in Dagster."""
+
+    reason: str = Field(default="re-enabled by an operator", description="Why the queue is resumed (recorded).")
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, value: str) -> str:
+        return not_blank(value) or value
+
+
+class EnableRequest(EnableOptions):
+    """Resuming a disabled queue's cycles."""
+
+    queue: str = Field(description="The application queue to enable.")
+
+
+def enable(declaration: Declaration, request: EnableRequest, context: ActionContext | None = None) -> EnableResult:
+    """Enable the queue under its lease; raises StateNotRecorded if the state does not show it after."""
+    context = context or ActionContext()
+    queue, actor, reason, run_id = request.queue, context.actor, request.reason, context.run_id
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
     touched = [(tables, EVENTS)]

@@ -5,13 +5,47 @@ broker/conversations.py, shared with the engine's `on_conversation_poison: end_c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
-from poison_pipeline.broker.conversations import EndResult, check_end_request, conversation_queues, end_conversation
+from pydantic import Field
+
+from poison_pipeline.broker import conversations
+from poison_pipeline.broker.conversations import EndResult, check_end_request, conversation_queues
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER
 from poison_pipeline.operations.actions import Action, begin_action, finish_action, operator_writer
+from poison_pipeline.operations.requests import ActionContext, Request
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
+
+
+class EndConversationOptions(Request):
+    """What ending a conversation takes besides where: the run config of a queue's job in Dagster."""
+
+    conversation_id: str = Field(description="The conversation_id of the messages.")
+    code: int = Field(description="The error code, non-zero: positive for an application error, negative for "
+                      "a system error (e.g. -8489 lifetime expired).")
+    description: str = Field(description="What went wrong, sent to the senders (non-empty, at most 3000 "
+                             "characters).")
+
+
+class EndConversationRequest(EndConversationOptions):
+    """Ending a conversation with an error (Service Broker's END CONVERSATION WITH ERROR)."""
+
+    queue: str | None = Field(default=None, description="Only this queue, even where the conversation has no "
+                              "messages; default: every queue where it has messages, ledger rows or a recorded end.")
+
+
+def end_conversation(declaration: Declaration, request: EndConversationRequest,
+                     context: ActionContext | None = None) -> list[OperatorEnd]:
+    """End the conversation in the request's queue, or in every queue where it appears (none: an
+    empty list). Raises ConversationError, before any queue is changed, for a request that cannot be."""
+    context = context or ActionContext()
+    queues = queues_to_end(declaration, request.conversation_id, request.code, request.description,
+                           context.actor, request.queue)
+    now = context.now or datetime.now(UTC)
+    return [end_conversation_by_operator(declaration, queue, request.conversation_id, request.code,
+                                         request.description, context.actor, now, context.run_id)
+            for queue in queues]
 
 
 @dataclass(frozen=True)
@@ -40,7 +74,7 @@ def end_conversation_by_operator(declaration: Declaration, queue: str, conversat
     with operator_writer(declaration, tables, "end-conversation", run_id) as writer:
         action = begin_action(writer, "end_conversation", actor, {
             "conversation_id": conversation_id, "code": code, "description": description}, touched, run_id=run_id)
-        result = end_conversation(declaration, queue, conversation_id, code, description, actor, now)
+        result = conversations.end_conversation(declaration, queue, conversation_id, code, description, actor, now)
         counts = {"removed": result.removed_total, "unsent": sum(result.unsent.values()),
                   "notified": len(result.notified), "already_ended": result.already_ended,
                   "hook_error": result.hook_error}

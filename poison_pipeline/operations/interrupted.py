@@ -25,10 +25,10 @@ from poison_pipeline.engine.cycle import Completed
 from poison_pipeline.engine.recovery import finish_interrupted_cycles
 from poison_pipeline.operations import purge as purging
 from poison_pipeline.operations.actions import PLANNED, Action, abandon_action, find_action, planned_actions
-from poison_pipeline.operations.edit import EditError, EditNotFound, edit, edit_row
+from poison_pipeline.operations.edit import EditError, EditNotFound, edit_message, edit_row
 from poison_pipeline.operations.purge import PurgeError
 from poison_pipeline.operations.redrive import RedriveError, planned_rows, redrive_table
-from poison_pipeline.operations.undo import UndoError, undo
+from poison_pipeline.operations.undo import UndoError, undo_action
 from poison_pipeline.storage.lease import LeaseHeld
 from poison_pipeline.storage.plans import remove_finished_plans
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
@@ -100,17 +100,17 @@ def _complete(declaration: Declaration, writer: QueueWriter, action: Action, run
     args = action.arguments
     if action.kind == "redrive":
         redrive_table(declaration, tables.queue, args["from"], to=args["to"], redrive_id=action.action_id,
-                actor=action.actor, run_id=run_id)
+                      actor=action.actor, run_id=run_id)
     elif action.kind == "edit":
         row = edit_row(tables, action.action_id)
         if row is None:  # abandoned above; unreachable
             return "no new body recorded"
-        edit(declaration, args["message_id"], row["new_body"], queue=tables.queue, source=args["from"],
-             edit_id=action.action_id, actor=action.actor, run_id=run_id)
+        edit_message(declaration, args["message_id"], row["new_body"], queue=tables.queue, source=args["from"],
+                     edit_id=action.action_id, actor=action.actor, run_id=run_id)
     elif action.kind == "purge":
         purging.finish_interrupted(declaration, writer, action)
     elif action.kind == "undo":
         # One across queues takes the other queue's lease too (this thread keeps this one): left
         # half done, it would leave a message in both queues.
-        undo(declaration, args["action_id"], actor=action.actor, run_id=run_id)
+        undo_action(declaration, args["action_id"], actor=action.actor, run_id=run_id)
     return None

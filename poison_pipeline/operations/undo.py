@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, Transaction
+from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
@@ -60,6 +61,7 @@ from poison_pipeline.operations.actions import (
     mark_undone,
     operator_writer,
 )
+from poison_pipeline.operations.requests import ActionContext, Request, not_blank
 from poison_pipeline.storage.intake import record_intake
 from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
 from poison_pipeline.storage.writer import QueueWriter
@@ -84,8 +86,39 @@ class UndoResult:
     unrecoverable_reasons: dict[str, list[str]] = field(default_factory=dict)
 
 
-def undo(declaration: Declaration, action_id: str, actor: str | None = None, run_id: str = "manual",
-         now: datetime | None = None) -> UndoResult:
+class UndoOptions(Request):
+    """What an undo takes besides a queue: the run config of a queue's undo job in Dagster."""
+
+    action_id: str = Field(description="A redrive, edit or purge (see `poison-pipeline actions`).")
+
+    @field_validator("action_id")
+    @classmethod
+    def _action_id(cls, value: str) -> str:
+        return not_blank(value) or value
+
+
+class UndoRequest(UndoOptions):
+    """An undo: a redrive, an edit or a purge reversed."""
+
+    queue: str | None = Field(default=None, description="Only an action of this queue.")
+
+
+def undo(declaration: Declaration, request: UndoRequest, context: ActionContext | None = None) -> UndoResult:
+    """Undo the action the request names. Raises UndoError, before writing, for one that cannot be."""
+    context = context or ActionContext()
+    if request.queue is not None:
+        if request.queue not in declaration.queues:
+            raise UndoError(f"no queue {request.queue!r} is declared; declared: {', '.join(declaration.queues)}")
+        if find_action(QueueTables.of(declaration, request.queue), request.action_id) is None:
+            elsewhere = find_recorded(declaration, request.action_id)
+            where = f"; it is queue {elsewhere.queue!r}'s" if elsewhere is not None else \
+                " (see `poison-pipeline actions`)"
+            raise UndoError(f"action_id {request.action_id!r}: no such action in queue {request.queue!r}{where}")
+    return undo_action(declaration, request.action_id, context.actor, context.run_id, context.now)
+
+
+def undo_action(declaration: Declaration, action_id: str, actor: str | None = None, run_id: str = "manual",
+                now: datetime | None = None) -> UndoResult:
     """Undo the action `action_id` (found in any queue's ledger)."""
     action = find_recorded(declaration, action_id)
     if action is None:
