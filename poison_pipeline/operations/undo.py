@@ -111,7 +111,7 @@ def undo(declaration: Declaration, request: UndoRequest, context: ActionContext 
             raise UndoError(f"no queue {request.queue!r} is declared; declared: {', '.join(declaration.queues)}")
         if find_action(QueueTables.of(declaration, request.queue), request.action_id) is None:
             elsewhere = find_recorded(declaration, request.action_id)
-            where = f"; it is queue {elsewhere.queue!r}'s" if elsewhere is not None else \
+            where = f"; it is an action of queue {elsewhere.queue!r}" if elsewhere is not None else \
                 " (see `poison-pipeline actions`)"
             raise UndoError(f"action_id {request.action_id!r}: no such action in queue {request.queue!r}{where}")
     return undo_action(declaration, request.action_id, context.actor, context.run_id, context.now)
