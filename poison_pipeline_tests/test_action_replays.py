@@ -36,6 +36,7 @@ from poison_pipeline.operations.undo import UndoError, undo_action
 from poison_pipeline.storage.journal import read_entry
 from poison_pipeline.storage.tables import PLANS, PURGED, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
+from poison_pipeline.text.redrive import format_redrive
 from poison_pipeline_tests.support import places
 
 HANDLER = "poison_pipeline_tests.handlers:scripted"
@@ -299,7 +300,7 @@ def test_a_redrive_killed_before_its_plan_is_closed_abandoned_by_the_next_cycle(
     # Its id stays taken: run again, it says so and moves nothing; there is nothing to undo.
     again = redrive_table(declaration, "q", POISON, redrive_id="r1")
     assert (again.already_done, again.abandoned, again.moved) == (True, True, 0)
-    assert "was abandoned" in redrive_module.format_redrive(again)
+    assert "was abandoned" in format_redrive(again)
     with pytest.raises(UndoError, match="abandoned"):
         undo_action(declaration, "r1")
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
@@ -412,7 +413,7 @@ def test_a_redrive_run_again_by_its_id_with_other_arguments_completes_as_recorde
             redrive_table(declaration, "q", POISON, to="other", redrive_id="r1")
     again = redrive_table(declaration, "q", POISON, Selection(ids=("m1",)), redrive_id="r1")
     assert (again.target, again.moved, again.as_recorded) == ("other", 2, {"to": "other", "selection": {}})
-    assert "completed as it was recorded when it was interrupted" in redrive_module.format_redrive(again)
+    assert "completed as it was recorded when it was interrupted" in format_redrive(again)
     assert places(declaration) == {}
     assert places(declaration, "other") == {"m1": [INBOUND], "m2": [INBOUND]}
     assert accounted(declaration) + accounted(declaration, "other") == 2

@@ -14,7 +14,8 @@ from dagster import DagsterInstance
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import job_name
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.status import format_status, queue_status
+from poison_pipeline.operations.status import queue_status
+from poison_pipeline.text.status import format_status
 from poison_pipeline_tests import conversation_hooks
 from poison_pipeline_tests.support import send
 from poison_pipeline_tests.test_dagster import QUIET

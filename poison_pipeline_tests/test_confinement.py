@@ -37,8 +37,9 @@ from poison_pipeline.operations.edit import EditError, edit_message
 from poison_pipeline.operations.purge import PurgeError, purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import RedriveError, redrive_table
-from poison_pipeline.operations.status import format_status, queue_status
+from poison_pipeline.operations.status import queue_status
 from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
+from poison_pipeline.text.status import format_status
 from poison_pipeline_tests.support import HANDLER, places, queue, rows, send, table_versions
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,9 +23,10 @@ from poison_pipeline.domain.declaration import Declaration, DeclarationError, pa
 from poison_pipeline.domain.envelope import parse_envelope
 from poison_pipeline.operations.inspect_message import inspect_message
 from poison_pipeline.operations.records import enqueue, message_rows
-from poison_pipeline.operations.status import format_status, queue_status
+from poison_pipeline.operations.status import queue_status
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
+from poison_pipeline.text.status import format_status
 from poison_pipeline_tests import conversation_hooks
 from poison_pipeline_tests.support import rows, seed, table_versions
 

@@ -2,7 +2,8 @@
 the folder names, and a change to the console or the Dagster wiring cannot reach into the engine.
 
 domain (the rules, no I/O) <- storage (tables and files) <- broker, engine (the cycle) <- operations
-(the operator console's actions) <- cli, defs (Dagster), runs (the run launcher), examples."""
+(the operator console's actions) <- text (what an operator reads of their results) <- cli, defs
+(Dagster), runs (the run launcher), examples."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ ALLOWED = {
     "broker": {"domain", "storage", "handlers", "proc"},
     "engine": {"domain", "storage", "broker", "handlers", "proc"},
     "operations": {"domain", "storage", "broker", "engine", "handlers", "proc"},
-    "cli": {"domain", "storage", "broker", "engine", "operations", "handlers", "proc"},
-    "defs": {"domain", "storage", "broker", "engine", "operations", "runs", "handlers", "proc"},
+    "text": {"domain", "operations"},
+    "cli": {"domain", "storage", "broker", "engine", "operations", "text", "handlers", "proc"},
+    "defs": {"domain", "storage", "broker", "engine", "operations", "text", "runs", "handlers", "proc"},
     "runs": {"domain", "storage", "engine", "cli", "handlers", "proc"},
 }
 
@@ -49,6 +51,14 @@ def test_each_package_imports_only_the_layers_below_it():
              for package, targets in _imports().items() if package in ALLOWED
              for imported, files in targets.items() if imported not in ALLOWED[package]}
     assert not wrong, wrong
+
+
+def test_the_operations_return_data_and_render_nothing():
+    root = Path(poison_pipeline.__file__).parent
+    rendering = [str(path.relative_to(root)) for package in ("domain", "storage", "broker", "engine", "operations")
+                 for path in (root / package).rglob("*.py") if "import rich" in path.read_text()
+                 or "from rich" in path.read_text()]
+    assert not rendering, rendering
 
 
 def test_every_package_is_placed_in_a_layer():

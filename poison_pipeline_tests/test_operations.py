@@ -14,10 +14,11 @@ from poison_pipeline.domain.declaration import Declaration, parse_declaration
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.inspect_message import inspect_message, render_body
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.status import format_age, format_status, queue_status
+from poison_pipeline.operations.status import queue_status
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.text.status import format_age, format_status
 from poison_pipeline_tests.support import seed, table_versions
 
 HANDLER = "poison_pipeline_tests.handlers:scripted"

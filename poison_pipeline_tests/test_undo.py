@@ -27,9 +27,10 @@ from poison_pipeline.operations.purge import purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
-from poison_pipeline.operations.undo import UndoError, format_undo, undo_action
+from poison_pipeline.operations.undo import UndoError, undo_action
 from poison_pipeline.storage.tables import PURGED, QueueTables
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
+from poison_pipeline.text.undo import format_undo
 from poison_pipeline_tests.support import places, rows, table_versions
 from poison_pipeline_tests.test_redrive import lake  # noqa: F401 - the shared fixture
 

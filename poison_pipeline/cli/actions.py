@@ -14,7 +14,8 @@ from poison_pipeline.cli.common import (
     declaration_of,
     print_json,
 )
-from poison_pipeline.operations.actions import format_actions, list_actions
+from poison_pipeline.operations.actions import list_actions
+from poison_pipeline.text.actions import format_actions
 
 
 def add_parser(commands: Commands) -> None:

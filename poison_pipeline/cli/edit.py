@@ -21,8 +21,9 @@ from poison_pipeline.cli.common import (
 )
 from poison_pipeline.cli.requests import add_field, request_of
 from poison_pipeline.domain.routing import FAILURE_TABLES
-from poison_pipeline.operations.edit import EditError, EditNotFound, EditRequest, edit, format_edit
+from poison_pipeline.operations.edit import EditError, EditNotFound, EditRequest, edit
 from poison_pipeline.operations.requests import ActionContext
+from poison_pipeline.text.edit import format_edit
 
 
 def add_parser(commands: Commands) -> None:

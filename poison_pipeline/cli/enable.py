@@ -6,8 +6,8 @@ import argparse
 
 from poison_pipeline.cli.common import EXIT_OK, Commands, add_actor, add_command, check_queue, declaration_of
 from poison_pipeline.cli.requests import add_field, request_of
+from poison_pipeline.domain.durations import when
 from poison_pipeline.operations.enable import EnableRequest, enable
-from poison_pipeline.operations.render import when
 from poison_pipeline.operations.requests import ActionContext
 
 

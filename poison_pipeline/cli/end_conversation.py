@@ -20,8 +20,8 @@ from poison_pipeline.cli.common import (
 )
 from poison_pipeline.cli.requests import add_field, request_of
 from poison_pipeline.domain.conversation_errors import ConversationError
+from poison_pipeline.domain.durations import when
 from poison_pipeline.operations.end_conversation import EndConversationRequest, end_conversation
-from poison_pipeline.operations.render import when
 from poison_pipeline.operations.requests import ActionContext
 
 

@@ -11,7 +11,8 @@ from rich.console import Console
 
 from poison_pipeline.cli.common import EXIT_OK, Commands, add_command, add_json, check_queue, declaration_of, print_json
 from poison_pipeline.domain.routing import FAILURE_TABLES
-from poison_pipeline.operations.groups import failure_groups, groups_table
+from poison_pipeline.operations.groups import failure_groups
+from poison_pipeline.text.groups import groups_table
 
 
 def add_parser(commands: Commands) -> None:

@@ -15,7 +15,8 @@ from poison_pipeline.cli.common import (
     declaration_of,
     print_json,
 )
-from poison_pipeline.operations.history import format_history, history
+from poison_pipeline.operations.history import history
+from poison_pipeline.text.history import format_history
 
 
 def add_parser(commands: Commands) -> None:

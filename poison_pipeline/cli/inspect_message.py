@@ -19,7 +19,8 @@ from poison_pipeline.cli.common import (
     moment,
     print_json,
 )
-from poison_pipeline.operations.inspect_message import InspectError, format_inspection, inspect_message
+from poison_pipeline.operations.inspect_message import InspectError, inspect_message
+from poison_pipeline.text.inspection import format_inspection
 
 
 def add_parser(commands: Commands) -> None:

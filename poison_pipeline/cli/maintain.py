@@ -17,7 +17,8 @@ from poison_pipeline.cli.common import (
     print_json,
 )
 from poison_pipeline.domain.durations import parse_duration
-from poison_pipeline.operations.maintenance import DEFAULT_RETENTION, RetentionTooShort, format_maintained, maintain
+from poison_pipeline.operations.maintenance import DEFAULT_RETENTION, RetentionTooShort, maintain
+from poison_pipeline.text.maintenance import format_maintained
 
 
 def _duration(text: str) -> timedelta:

@@ -21,9 +21,10 @@ from poison_pipeline.cli.common import (
 from poison_pipeline.cli.requests import add_field, request_of
 from poison_pipeline.cli.selection import add_selection_arguments, ids_of
 from poison_pipeline.domain.routing import FAILURE_TABLES
-from poison_pipeline.operations.purge import PurgeError, PurgeRequest, PurgeResult, format_purge, purge, result_json
+from poison_pipeline.operations.purge import PurgeError, PurgeRequest, PurgeResult, purge, result_json
 from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.operations.selection import SelectionError
+from poison_pipeline.text.purge import format_purge
 
 
 def add_parser(commands: Commands) -> None:

@@ -26,9 +26,10 @@ from poison_pipeline.cli.common import (
 from poison_pipeline.cli.requests import add_field, request_of
 from poison_pipeline.cli.selection import add_selection_arguments, ids_of
 from poison_pipeline.domain.routing import FAILURE_TABLES
-from poison_pipeline.operations.redrive import RedriveError, RedriveRequest, format_redrive, redrive
+from poison_pipeline.operations.redrive import RedriveError, RedriveRequest, redrive
 from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.operations.selection import SelectionError
+from poison_pipeline.text.redrive import format_redrive
 
 
 def add_parser(commands: Commands) -> None:

@@ -7,7 +7,8 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 
 from poison_pipeline.cli.common import EXIT_OK, Commands, add_command, add_json, check_queue, declaration_of, print_json
-from poison_pipeline.operations.status import format_status, queue_status
+from poison_pipeline.operations.status import queue_status
+from poison_pipeline.text.status import format_status
 
 
 def add_parser(commands: Commands) -> None:

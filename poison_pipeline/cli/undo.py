@@ -18,7 +18,8 @@ from poison_pipeline.cli.common import (
 )
 from poison_pipeline.cli.requests import add_field, request_of
 from poison_pipeline.operations.requests import ActionContext
-from poison_pipeline.operations.undo import UndoError, UndoRequest, format_undo, undo
+from poison_pipeline.operations.undo import UndoError, UndoRequest, undo
+from poison_pipeline.text.undo import format_undo
 
 
 def add_parser(commands: Commands) -> None:

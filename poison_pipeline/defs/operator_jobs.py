@@ -29,9 +29,10 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations.edit import EditOptions, EditRequest, edit
 from poison_pipeline.operations.enable import EnableOptions, EnableRequest, enable
 from poison_pipeline.operations.end_conversation import EndConversationOptions, EndConversationRequest, end_conversation
-from poison_pipeline.operations.purge import PurgeOptions, PurgeRequest, format_purge, purge
+from poison_pipeline.operations.purge import PurgeOptions, PurgeRequest, purge
 from poison_pipeline.operations.requests import ActionContext, Request
 from poison_pipeline.operations.undo import UndoError, UndoOptions, UndoRequest, find_recorded, undo
+from poison_pipeline.text.purge import format_purge
 
 
 class EnableConfig(Config, EnableOptions):

@@ -24,8 +24,10 @@ from poison_pipeline.defs.naming import (
     retention_schedule_name,
 )
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.operations.maintenance import format_maintained, maintain
-from poison_pipeline.operations.purge import apply_retention, format_purge
+from poison_pipeline.operations.maintenance import maintain
+from poison_pipeline.operations.purge import apply_retention
+from poison_pipeline.text.maintenance import format_maintained
+from poison_pipeline.text.purge import format_purge
 
 # Early in the morning (UTC), away from the business day's traffic.
 RETENTION_CRON = "15 3 * * *"

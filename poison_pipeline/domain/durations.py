@@ -60,3 +60,8 @@ def parse_time(text: str) -> datetime:
     except ValueError:
         raise ValueError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-22T10:00Z)") from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def when(moment: datetime | None) -> str:
+    """A moment as the operator's output shows it (UTC, to the second); '-' for none."""
+    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")

@@ -34,13 +34,15 @@ from poison_pipeline.examples.generate import (
     presentation_messages,
 )
 from poison_pipeline.examples.handlers import app_db, hook_log, presentation_folder
-from poison_pipeline.operations.groups import failure_groups, groups_table
+from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.operations.records import enqueue
-from poison_pipeline.operations.redrive import RedriveRequest, format_redrive, redrive
-from poison_pipeline.operations.render import render
+from poison_pipeline.operations.redrive import RedriveRequest, redrive
 from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION, QueueTables
+from poison_pipeline.text.groups import groups_table
+from poison_pipeline.text.redrive import format_redrive
+from poison_pipeline.text.render import render
 
 
 def _rows(declaration: Declaration, queue: str, table: str, columns: list[str] | None = None) -> list[dict[str, Any]]:

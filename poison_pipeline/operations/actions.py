@@ -29,12 +29,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 from deltalake import DeltaTable
-from rich import box
-from rich.table import Table
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.engine.recovery import finish_interrupted_cycles
-from poison_pipeline.operations.render import render, when
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
@@ -210,13 +207,3 @@ def list_actions(declaration: Declaration, queue: str | None = None) -> list[Act
         if tables.exists(ACTIONS):
             found += [_from_row(r) for r in tables.open(ACTIONS).to_pyarrow_table().to_pylist()]
     return sorted(found, key=lambda a: (a.at, a.action_id))
-
-
-def format_actions(actions: list[Action]) -> str:
-    if not actions:
-        return "no operator action recorded"
-    table = Table("action", "queue", "kind", "actor", "at", "state", "counts", "arguments", box=box.SIMPLE)
-    for a in actions:
-        table.add_row(a.action_id, a.queue, a.kind, a.actor, when(a.at), a.state,
-                      " ".join(f"{k}={v}" for k, v in a.counts.items()), json.dumps(a.arguments, sort_keys=True))
-    return render(table)

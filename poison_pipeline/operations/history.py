@@ -22,13 +22,11 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow.dataset as pads
-from rich import box
-from rich.table import Table
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.durations import when
 from poison_pipeline.domain.routing import DEAD_LETTER, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import list_actions
-from poison_pipeline.operations.render import render, when
 from poison_pipeline.storage.tables import ATTEMPTS, EDITS, QueueTables
 
 PURGED = "purged"
@@ -223,18 +221,3 @@ def _move(attempt: tuple[Any, JourneyEvent], to: str | None) -> tuple[Any, Journ
     event = JourneyEvent(a.at, "moved", a.queue, to, f"moved from {a.table} to {to}", cycle=a.cycle,
                          cycle_seq=a.cycle_seq, run_id=a.run_id, from_table=a.table, inferred=True)
     return (key[0], key[1], _ORDER["moved"]), event
-
-
-def format_history(journey: Journey) -> str:
-    table = Table("at", "what", "queue/table", "cycle", "attempt", "detail", "run / action", box=box.SIMPLE)
-    for e in journey.events:
-        detail = e.detail
-        if e.error_type or e.error_message:
-            detail += f": {e.error_type}: {e.error_message}"
-        if e.actor:
-            detail += f" (by {e.actor})"
-        ref = e.action_id or e.run_id or ""
-        table.add_row(when(e.at), e.kind + (" (inferred)" if e.inferred else ""), f"{e.queue}/{e.table or '-'}",
-                      "" if e.cycle is None else str(e.cycle), "" if e.attempt is None else str(e.attempt),
-                      detail, ref)
-    return f"message {journey.message_id}: {len(journey.events)} events\n" + render(table)

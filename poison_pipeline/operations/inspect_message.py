@@ -20,7 +20,6 @@ from deltalake.exceptions import DeltaError
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
-from poison_pipeline.operations.render import when as format_time
 from poison_pipeline.storage.tables import ATTEMPTS, EDITS, QueueTables
 
 # Enough to read any realistic body; beyond it an operator wants a file, not a terminal.
@@ -291,11 +290,11 @@ def render_body(body: bytes, encoding: str | None, limit: int = DISPLAY_LIMIT) -
     if encoding == "json":
         pretty, problem = _pretty_json(text)
         if pretty is not None:
-            return _clip("json", _printable(pretty), size, limit)
-        return _clip("text", _printable(text), size, limit, f"not valid JSON ({problem}); shown as text")
+            return _clip("json", printable(pretty), size, limit)
+        return _clip("text", printable(text), size, limit, f"not valid JSON ({problem}); shown as text")
     if not text:
         return RenderedBody(encoding, "(empty)", 0)
-    return _clip(encoding, _printable(text), size, limit)
+    return _clip(encoding, printable(text), size, limit)
 
 
 def _pretty_json(text: str) -> tuple[str | None, str | None]:
@@ -313,7 +312,7 @@ def _pretty_json(text: str) -> tuple[str | None, str | None]:
         return None, str(error) or type(error).__name__
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     # Control characters could drive the operator's terminal (escape sequences): show them escaped.
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
@@ -337,68 +336,3 @@ def _hex(body: bytes, limit: int, problem: str | None = None) -> RenderedBody:
     if len(body) > limit:
         notes.append(f"showing the first {limit} of {len(body)} bytes")
     return RenderedBody("hex", "\n".join(lines) or "(empty)", len(body), "; ".join(notes) or None)
-
-
-def _error_text(error: ErrorView | None, stacks: bool, indent: str) -> list[str]:
-    if error is None:
-        return []
-    lines = [f"{indent}{error.type}: {error.message}  [signature {error.signature}]"]
-    if stacks and error.stack:
-        lines.extend(f"{indent}  {line}" for line in error.stack.rstrip().splitlines())
-    return lines
-
-
-def format_inspection(found: Inspection, now: datetime, stacks: bool = False) -> str:
-    env = found.envelope
-    lines = [f"message {found.message_id}" + (f" as of {found.as_of}" if found.as_of else "")]
-    if len(found.locations) > 1:
-        lines.append(f"  ! found in {len(found.locations)} places (expected one)")
-    for place in found.locations:
-        lines.append(f"  in {place.queue}/{place.table}" + _place_detail(place, now))
-        counts = [f"{name} {value}" for name, value in (
-            ("abort_count", place.abort_count), ("total_abort_count", place.total_abort_count),
-            ("move_count", place.move_count)) if value is not None]
-        if counts:
-            lines.append("    " + ", ".join(counts))
-        if place.last_error is not None:
-            lines.append("    last error:")
-            lines.extend(_error_text(place.last_error, stacks, "      "))
-    if not found.locations:
-        lines.append("  in no table (only its attempts are recorded)")
-    lines.extend(f"  {name} {value}" for name, value in (
-        ("message_type", env.message_type), ("encoding", env.encoding),
-        ("conversation_id", env.conversation_id), ("sequence_number", env.sequence_number),
-        ("sender", env.sender), ("enqueued_at", env.enqueued_at and format_time(env.enqueued_at)),
-        ("expires_at", env.expires_at and format_time(env.expires_at))) if value is not None)
-    if env.headers:
-        lines.append("  headers " + ", ".join(f"{k}={_printable(v)}" for k, v in env.headers.items()))
-    size = "" if env.body.size is None else f" ({env.body.size} bytes, shown as {env.body.shown_as})"
-    lines.append(f"  body{size}:")
-    if env.body.note:
-        lines.append(f"    note: {env.body.note}")
-    lines.extend(f"    {line}" for line in env.body.text.splitlines() or [""])
-    lines.append(f"  attempts ({len(found.attempts)}):")
-    for a in found.attempts:
-        lines.append(
-            f"    {format_time(a.started_at)}  {a.queue}/{a.table} cycle {a.cycle} attempt {a.attempt}"
-            f"  {a.outcome}" + (f"  {a.duration_ms:.0f}ms" if a.duration_ms is not None else "")
-        )
-        lines.extend(_error_text(a.error, stacks, "      "))
-    for e in found.edits:
-        lines.append(f"  edited {format_time(e.at)} by {e.actor} ({e.edit_id}, in {e.queue}/{e.source_table}); "
-                     "original body:")
-        original = render_body(e.original_body, e.encoding)
-        lines.extend(f"    {line}" for line in original.text.splitlines() or [""])
-    return "\n".join(lines)
-
-
-def _place_detail(place: Location, now: datetime) -> str:
-    if place.table == PROCESSED:
-        return f": {place.disposition} at {format_time(place.arrived_at)} (from {place.from_table})"
-    if place.table in (DEAD_LETTER, QUARANTINE):
-        verb = "dead-lettered" if place.table == DEAD_LETTER else "quarantined"
-        return f": {verb} ({place.reason}) at {format_time(place.arrived_at)} from {place.from_table}"
-    if place.due_at is None:
-        return ": waiting"
-    when = "due now" if place.due_at <= now else f"due at {format_time(place.due_at)}"
-    return f": waiting since {format_time(place.entered_at)}, {when}"

@@ -60,7 +60,6 @@ from poison_pipeline.operations.actions import (
 )
 from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.redrive import still_in_place
-from poison_pipeline.operations.render import breakdown, when
 from poison_pipeline.operations.requests import ActionContext, action_id, failure_table
 from poison_pipeline.operations.selection import (
     Filters,
@@ -370,36 +369,6 @@ def _summary(rows: pa.Table, purge_id: str, queue: str, table: str, dry_run: boo
         oldest_failure=min(failed) if failed else None, newest_failure=max(failed) if failed else None,
         actor=actor,
     )
-
-
-def _age_text(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
-
-
-def format_purge(result: PurgeResult) -> str:
-    if result.already_done:
-        return f"purge {result.purge_id} already completed: nothing deleted now"
-    verb = "would delete" if result.dry_run else "deleted"
-    lines = [f"purge {result.purge_id}: {result.queue}/{result.table}, failed more than "
-             f"{_age_text(result.older_than_seconds)} ago (before {when(result.cutoff)}): "
-             f"{verb} {result.purged} message(s) for good"
-             + (" (dry run: no table changed)" if result.dry_run else "")]
-    if result.skipped_moved_since:
-        lines.append(f"  skipped {result.skipped_moved_since}: no longer where this interrupted purge's plan found "
-                     "them (redriven, or taken by a cycle, since): kept")
-    if result.skipped_held:
-        lines.append(f"  skipped {result.skipped_held}: planned by interrupted redrive(s) {', '.join(result.held_by)}, "
-                     "which may have sent them back already: run it again with its --id (or let the queue's next "
-                     "cycle complete it), then purge again")
-    if result.resumed:
-        lines.append(f"  completed interrupted purge(s) first: {', '.join(result.resumed)}")
-    if result.purged:
-        lines.append(f"  failed from {when(result.oldest_failure)} to {when(result.newest_failure)}")
-        lines += breakdown(result.by_group, result.by_message_type, result.sample_ids)
-    return "\n".join(lines)
 
 
 def result_json(result: PurgeResult) -> dict[str, Any]:

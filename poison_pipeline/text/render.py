@@ -1,11 +1,10 @@
 """Human output of the operator commands: rich tables rendered to text (plain, no colour codes, so
-it reads the same in a terminal, a log and a test)."""
+it reads the same in a terminal, a log and a test), times and breakdowns."""
 
 from __future__ import annotations
 
 import io
 import shutil
-from datetime import datetime
 
 from rich import box
 from rich.console import Console
@@ -17,10 +16,6 @@ def render(table: Table) -> str:
     written = io.StringIO()
     Console(file=written, width=width, color_system=None, force_terminal=False).print(table)
     return written.getvalue().rstrip("\n")
-
-
-def when(moment: datetime | None) -> str:
-    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def breakdown(by_group: dict[str, int], by_message_type: dict[str, int], sample_ids: list[str]) -> list[str]:

@@ -1,0 +1,39 @@
+"""What a redrive did or would do, in words."""
+
+from __future__ import annotations
+
+import json
+
+from poison_pipeline.domain.durations import when
+from poison_pipeline.operations.redrive import RedriveResult
+from poison_pipeline.text.render import breakdown
+
+
+def format_redrive(result: RedriveResult) -> str:
+    verb = "would move" if result.dry_run else "moved"
+    head = (f"redrive {result.redrive_id}: {result.queue}/{result.source} -> {result.target}/inbound: "
+            f"{verb} {result.moved} of {result.selected} selected")
+    if result.already_done and result.abandoned:
+        return (f"redrive {result.redrive_id} was abandoned: killed before it planned anything, it moved nothing "
+                "and a cycle closed it; nothing moved now (give another --id to redrive again)")
+    if result.already_done:
+        return (f"redrive {result.redrive_id} already completed: nothing moved now "
+                "(give another --id to redrive again)")
+    lines = [head + (" (dry run: no table changed)" if result.dry_run else "")]
+    if result.as_recorded:
+        recorded = ", ".join(f"{k} {json.dumps(v)}" for k, v in sorted(result.as_recorded.items()))
+        lines.append(f"  completed as it was recorded when it was interrupted ({recorded}), not as this "
+                     "command asked")
+    for count, why in ((result.skipped_processed, "already processed by the target (its ledger): left in place"),
+                       (result.skipped_loop_guard, "redriven max_redrives times already: left in place "
+                                                   "(--force to send them anyway)"),
+                       (result.skipped_limit, "beyond --limit: left in place"),
+                       (result.skipped_moved_since, "no longer where this interrupted redrive's plan found them "
+                                                    "(purged, or taken by a cycle, since): not sent")):
+        if count:
+            lines.append(f"  skipped {count}: {why}")
+    if result.moved and result.first_due != result.last_due:
+        lines.append(f"  released from {when(result.first_due)} to {when(result.last_due)} (--rate)")
+    if result.moved:
+        lines += breakdown(result.by_group, result.by_message_type, result.sample_ids)
+    return "\n".join(lines)
