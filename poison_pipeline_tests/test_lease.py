@@ -123,10 +123,18 @@ def test_a_second_starter_gets_the_lease_when_the_holder_releases_it(tmp_path):
     assert order == ["first done", "second"]
 
 
-def test_the_writer_is_reentrant_in_one_thread(tmp_path):
-    with queue_writer(tables(tmp_path), "inbound cycle") as outer, \
-            queue_writer(tables(tmp_path), "end-conversation") as inner:
-        assert inner is outer
+def test_a_holder_that_hands_its_writer_down_gets_it_back_and_one_that_does_not_waits(tmp_path):
+    with queue_writer(tables(tmp_path), "inbound cycle") as outer:
+        with queue_writer(tables(tmp_path), "end-conversation", within=outer) as inner:
+            assert inner is outer
+        # Taken under the first, another queue's writer joins the holding: a call handed either finds both.
+        with queue_writer(tables(tmp_path / "other"), "end-conversation", within=outer) as other, \
+                queue_writer(tables(tmp_path), "transmission", within=other) as again:
+            assert again is outer and other.holding is outer.holding
+        # Not handed down: the lease is held, even by this very thread.
+        with pytest.raises(LeaseHeld), queue_writer(tables(tmp_path, LeaseSettings(wait="300ms", expiry="10s")),
+                                                    "enable"):
+            pass
 
 
 def test_a_lease_that_is_not_renewed_expires_and_its_holder_learns_it_lost_it(tmp_path):

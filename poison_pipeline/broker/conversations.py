@@ -110,6 +110,7 @@ def end_conversation(
     now: datetime | None = None,
     *,
     clean_up: bool = True,
+    within: QueueWriter | None = None,
 ) -> EndResult:
     """End `conversation_id` in `queue` with an error; safe to call again (see the module doc).
 
@@ -121,7 +122,7 @@ def end_conversation(
     check_end_request(declaration, queue, conversation_id, code, description, actor)
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
-    with queue_writer(tables, "end-conversation") as writer:
+    with queue_writer(tables, "end-conversation", within=within) as writer:
         return _end_held(declaration, writer, conversation_id, code, description, actor, now or datetime.now(UTC),
                          clean_up)
 
@@ -342,7 +343,7 @@ def _drop_pending_sends(declaration: Declaration, writer: QueueWriter, conversat
         if not sender_tables.exists(TRANSMISSION) or not _any_row(sender_tables.open(TRANSMISSION), conversation_id):
             continue
         within = None if own else pads.field("target_queue") == tables.queue
-        with queue_writer(sender_tables, "end-conversation") as sender_writer:
+        with queue_writer(sender_tables, "end-conversation", within=writer) as sender_writer:
             count = _move_to_dead_letter(sender_writer, TRANSMISSION, conversation_id, now, within)
         if count:
             unsent[sender] = count

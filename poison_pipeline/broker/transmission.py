@@ -137,13 +137,13 @@ def _dead_rows(rows: list[dict], reason: str, now: datetime) -> pa.Table:
 
 
 def transmit(declaration: Declaration, queue: str, now: datetime | None = None,
-             run_id: str = "manual") -> TransmitResult:
+             run_id: str = "manual", *, within: QueueWriter | None = None) -> TransmitResult:
     """Offer this queue's pending sent messages to their targets; safe to run again after a crash.
     Holds the sending queue's lease (targets' inbound tables take appends without one, as enqueues)."""
     tables = QueueTables.of(declaration, queue)
     if not tables.exists(TRANSMISSION):
         return TransmitResult(queue)
-    with queue_writer(tables, "transmission", run_id) as writer:
+    with queue_writer(tables, "transmission", run_id, within=within) as writer:
         return _transmit_held(declaration, writer, now or datetime.now(UTC))
 
 
@@ -225,7 +225,7 @@ def _transmit_held(declaration: Declaration, writer: QueueWriter, now: datetime)
         writer.replace_batches(TRANSMISSION, touched, keep, snapshot=snapshot, add=again)
     for failed in result.failures:
         end_conversation(declaration, queue, failed.conversation_id, failed.code, failed.description,
-                         actor="poison_pipeline")
+                         actor="poison_pipeline", within=writer)
     return result
 
 

@@ -299,11 +299,12 @@ def _sample(ids: list[str], count: int) -> str:
     return ", ".join(ids[:_SAMPLE]) + (", ..." if count > _SAMPLE else "")
 
 
-def end_failed_conversations(declaration: Declaration, tables: QueueTables, entry: JournalEntry) -> dict[str, float]:
+def end_failed_conversations(declaration: Declaration, writer: QueueWriter, entry: JournalEntry) -> dict[str, float]:
     """End with an error every conversation whose message failed for good in this cycle under
     `on_conversation_poison: end_conversation`: the rest of it leaves every table and its senders
     are told; its clean-up hook runs after the commit (the cycle's `_after_commit`). Safe to
     repeat: ending is idempotent."""
+    tables = writer.tables
     heads = _staged(tables, entry).to_table(
         columns=["conversation_id", "message_id", "last_error_type", "last_error_message", "attempts"],
         filter=(pc.field("disposition") == Disposition.ENDED.value) & pc.field("conversation_id").is_valid(),
@@ -321,5 +322,5 @@ def end_failed_conversations(declaration: Declaration, tables: QueueTables, entr
         description = (f"message {row['message_id']} could not be processed: "
                        f"{row['last_error_type']}: {row['last_error_message']}")[:MAX_DESCRIPTION]
         end_conversation(declaration, tables.queue, row["conversation_id"], code, description, actor="poison_pipeline",
-                         clean_up=False)
+                         clean_up=False, within=writer)
     return {"conversations_ended": len(done)}

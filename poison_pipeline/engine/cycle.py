@@ -355,6 +355,6 @@ def _after_commit(declaration: Declaration, writer: QueueWriter, now: datetime, 
     retry_cleanups(declaration, writer, now)
     if delivered and pending_count(tables, snapshot=writer.latest_if_exists(TRANSMISSION)):
         writer.check()
-        sent = transmit(declaration, tables.queue, now, run_id)
+        sent = transmit(declaration, tables.queue, now, run_id, within=writer)
         report.counts.update({"transmitted": sum(sent.delivered.values()), "conversation_errors": len(sent.failures),
                               "unsent": sent.unsent})

@@ -25,7 +25,7 @@ def finish_staged(declaration: Declaration, writer: QueueWriter, entry: JournalE
     counts = apply_staged(writer, entry, cycle, contracts, fresh=fresh)
     # Before the cycle is marked done, so a crash here ends them on the re-run (ending is repeatable).
     if counts.get("ended"):
-        counts.update(end_failed_conversations(declaration, writer.tables, entry))
+        counts.update(end_failed_conversations(declaration, writer, entry))
     entry.state, entry.summary = "done", counts
     write_entry(writer, entry)
     remove_tree(entry.staging, writer.tables.storage_options)

@@ -92,11 +92,11 @@ def reused_id(declaration: Declaration, action_id: str, queue: str, kind: str) -
 
 @contextmanager
 def operator_writer(declaration: Declaration, tables: QueueTables, purpose: str, run_id: str = "manual",
-                    resuming: Sequence[str] = ()) -> Iterator[QueueWriter]:
+                    resuming: Sequence[str] = (), *, within: QueueWriter | None = None) -> Iterator[QueueWriter]:
     """The queue's writer for an operator command that moves messages, once the cycles a kill left
     staged are finished and the actions left planned completed, but those the command itself
     resumes (`resuming`): their commits land before the command reads where a message is."""
-    with queue_writer(tables, purpose, run_id) as writer:
+    with queue_writer(tables, purpose, run_id, within=within) as writer:
         if not writer.settled:
             # Imported here: completing an action runs the commands that hold this writer.
             from poison_pipeline.operations.interrupted import complete_interrupted

@@ -177,9 +177,11 @@ def _recorded_edit(declaration: Declaration, edit_id: str, queue: str | None) ->
 
 def edit_message(declaration: Declaration, message_id: str, body: bytes, headers: dict[str, str] | None = None,
                  *, queue: str | None = None, source: str | None = None, edit_id: str | None = None,
-                 actor: str | None = None, run_id: str = "manual", now: datetime | None = None) -> EditResult:
+                 actor: str | None = None, run_id: str = "manual", now: datetime | None = None,
+                 within: QueueWriter | None = None) -> EditResult:
     """Replace the body of failed message `message_id` (and set `headers`, kept otherwise) and send it
-    back to its queue's inbound: a validated request's edit, or an interrupted one's completion."""
+    back to its queue's inbound: a validated request's edit, or an interrupted one's completion
+    (`within`: the completing holder's writer)."""
     given = dict(headers or {})
     if queue is not None and queue not in declaration.queues:
         raise EditError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
@@ -193,7 +195,7 @@ def edit_message(declaration: Declaration, message_id: str, body: bytes, headers
     recorded = _recorded_edit(declaration, edit_id, queue)
     if recorded is not None:
         name, action = recorded
-        return _resume_or_done(declaration, name, action, message_id, body, given, actor, run_id, now)
+        return _resume_or_done(declaration, name, action, message_id, body, given, actor, run_id, now, within)
     if not copies:
         raise EditNotFound(_not_found(declaration, message_id, queue, source))
     if len(copies) > 1:
@@ -208,7 +210,7 @@ def edit_message(declaration: Declaration, message_id: str, body: bytes, headers
     if probe.moved == 0:
         raise EditError(f"message {message_id!r} was already processed by queue {name!r} (its processed "
                         f"ledger): the copy in {name}/{table} is not sent back")
-    return _run(declaration, name, table, message_id, body, given, edit_id, actor, run_id, now)
+    return _run(declaration, name, table, message_id, body, given, edit_id, actor, run_id, now, within)
 
 
 def _replacement(body: bytes, headers: dict[str, str]) -> Replacement:
@@ -236,7 +238,8 @@ def _not_found(declaration: Declaration, message_id: str, queue: str | None, sou
 
 
 def _resume_or_done(declaration: Declaration, queue: str, action: Any, message_id: str, body: bytes,
-                    given: dict[str, str], actor: str, run_id: str, now: datetime | None) -> EditResult:
+                    given: dict[str, str], actor: str, run_id: str, now: datetime | None,
+                    within: QueueWriter | None) -> EditResult:
     source = action.arguments["from"]
     if action.state in (DONE, ABANDONED):
         recorded = edit_row(QueueTables.of(declaration, queue), action.action_id)
@@ -247,7 +250,7 @@ def _resume_or_done(declaration: Declaration, queue: str, action: Any, message_i
         result.already_done, result.action_id = True, action.action_id
         result.abandoned = action.state == ABANDONED
         return result
-    return _run(declaration, queue, source, message_id, body, given, action.action_id, actor, run_id, now)
+    return _run(declaration, queue, source, message_id, body, given, action.action_id, actor, run_id, now, within)
 
 
 def edit_row(tables: QueueTables, edit_id: str) -> dict[str, Any] | None:
@@ -266,15 +269,17 @@ def _result(edit_id: str, queue: str, source: str, message_id: str, body: bytes,
 
 
 def _run(declaration: Declaration, queue: str, source: str, message_id: str, body: bytes,
-         given: dict[str, str], edit_id: str, actor: str, run_id: str, now: datetime | None) -> EditResult:
+         given: dict[str, str], edit_id: str, actor: str, run_id: str, now: datetime | None,
+         within: QueueWriter | None) -> EditResult:
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
     redrive_id = f"{edit_id}-redrive"
     touched = [(tables, EDITS), (tables, source), (tables, INBOUND)]
-    with operator_writer(declaration, tables, "edit", run_id, resuming=[edit_id, redrive_id]) as writer:
+    with operator_writer(declaration, tables, "edit", run_id, resuming=[edit_id, redrive_id],
+                         within=within) as writer:
         action = find_action(tables, edit_id)
         if action is not None and action.state in (DONE, ABANDONED):  # another run closed it meanwhile
-            return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now)
+            return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now, writer)
         row = edit_row(tables, edit_id)
         if row is not None:
             message_id = row["message_id"]  # run again: the edit completes as it recorded it
@@ -306,8 +311,8 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
         assert action is not None, f"edit {edit_id} has a row but no record"
         new_headers = dict(row["new_headers"] or [])
         sent = redrive_table(declaration, queue, source, Selection(ids=(message_id,)), redrive_id=redrive_id,
-                       force=True, actor=action.actor, run_id=run_id, now=now,
-                       replace={message_id: _replacement(row["new_body"], new_headers)})
+                             force=True, actor=action.actor, run_id=run_id, now=now,
+                             replace={message_id: _replacement(row["new_body"], new_headers)}, within=writer)
         # Killed after its redrive was recorded done, the edit runs again: the redrive moves nothing
         # now, and what it moved then is in its own record.
         redriven = find_action(tables, redrive_id) if sent.already_done else None

@@ -49,6 +49,6 @@ def enable(declaration: Declaration, request: EnableRequest, context: ActionCont
     with queue_writer(tables, "enable", run_id) as writer:
         before = queue_state(tables)
         action = begin_action(writer, "enable", actor, {"reason": reason}, touched, run_id=run_id)
-        changed = set_enabled(tables, True, actor, reason, run_id)
+        changed = set_enabled(tables, True, actor, reason, run_id, within=writer)
         action = finish_action(writer, action, {"changed": changed}, touched)
     return EnableResult(queue, changed, before, action)

@@ -74,7 +74,8 @@ def end_conversation_by_operator(declaration: Declaration, queue: str, conversat
     with operator_writer(declaration, tables, "end-conversation", run_id) as writer:
         action = begin_action(writer, "end_conversation", actor, {
             "conversation_id": conversation_id, "code": code, "description": description}, touched, run_id=run_id)
-        result = conversations.end_conversation(declaration, queue, conversation_id, code, description, actor, now)
+        result = conversations.end_conversation(declaration, queue, conversation_id, code, description, actor, now,
+                                                within=writer)
         counts = {"removed": result.removed_total, "unsent": sum(result.unsent.values()),
                   "notified": len(result.notified), "already_ended": result.already_ended,
                   "hook_error": result.hook_error}

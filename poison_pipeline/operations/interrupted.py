@@ -100,17 +100,17 @@ def _complete(declaration: Declaration, writer: QueueWriter, action: Action, run
     args = action.arguments
     if action.kind == "redrive":
         redrive_table(declaration, tables.queue, args["from"], to=args["to"], redrive_id=action.action_id,
-                      actor=action.actor, run_id=run_id)
+                      actor=action.actor, run_id=run_id, within=writer)
     elif action.kind == "edit":
         row = edit_row(tables, action.action_id)
         if row is None:  # abandoned above; unreachable
             return "no new body recorded"
         edit_message(declaration, args["message_id"], row["new_body"], queue=tables.queue, source=args["from"],
-                     edit_id=action.action_id, actor=action.actor, run_id=run_id)
+                     edit_id=action.action_id, actor=action.actor, run_id=run_id, within=writer)
     elif action.kind == "purge":
         purging.finish_interrupted(declaration, writer, action)
     elif action.kind == "undo":
-        # One across queues takes the other queue's lease too (this thread keeps this one): left
+        # One across queues takes the other queue's lease too (this writer stays held): left
         # half done, it would leave a message in both queues.
-        undo_action(declaration, args["action_id"], actor=action.actor, run_id=run_id)
+        undo_action(declaration, args["action_id"], actor=action.actor, run_id=run_id, within=writer)
     return None

@@ -298,13 +298,14 @@ def redrive_table(declaration: Declaration, queue: str, source: str, selection: 
                   limit: int | None = None, redrive_id: str | None = None, force: bool = False,
                   actor: str | None = None, run_id: str = "manual", now: datetime | None = None,
                   replace: dict[str, Replacement] | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> RedriveResult:
+                  progress: Callable[[int, int], None] | None = None,
+                  within: QueueWriter | None = None) -> RedriveResult:
     """Send the selected failed messages of `queue`'s `source` table to the inbound of `to` (default:
     `queue`): one table's redrive, as `redrive` and `edit` run it (their requests validated).
     Raises RedriveError or SelectionError, before anything is written, for a request the lake refuses.
     `progress(moved, total)` hears of each chunk appended (a terminal shows a bar).
-    `replace` gives new bodies and headers by message id (what `edit` does); an edit calls it
-    holding the queue's lease already, which the same thread re-enters."""
+    `replace` gives new bodies and headers by message id (what `edit` does). `within`: the writer
+    of a caller that holds the queue's lease already (an edit, a completion of interrupted work)."""
     replacements = tuple(sorted((replace or {}).items()))
     request = _checked(declaration, TableRedrive(queue, source, to or queue, selection or Selection(),
                                                    rate, limit, force, replacements))
@@ -318,7 +319,7 @@ def redrive_table(declaration: Declaration, queue: str, source: str, selection: 
         return _summary(_plan(declaration, request, tables, redrive_id, now or datetime.now(UTC)), request,
                         redrive_id, True)
     tables.ensure()
-    with operator_writer(declaration, tables, "redrive", run_id, resuming=[redrive_id]) as writer:
+    with operator_writer(declaration, tables, "redrive", run_id, resuming=[redrive_id], within=within) as writer:
         return _run(declaration, request, writer, redrive_id, actor or default_actor(), run_id,
                     now or datetime.now(UTC), progress or (lambda moved, total: None))
 

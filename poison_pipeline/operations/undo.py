@@ -118,8 +118,9 @@ def undo(declaration: Declaration, request: UndoRequest, context: ActionContext 
 
 
 def undo_action(declaration: Declaration, action_id: str, actor: str | None = None, run_id: str = "manual",
-                now: datetime | None = None) -> UndoResult:
-    """Undo the action `action_id` (found in any queue's ledger)."""
+                now: datetime | None = None, within: QueueWriter | None = None) -> UndoResult:
+    """Undo the action `action_id` (found in any queue's ledger); `within`: the writer of a caller
+    that holds the queue's lease already (a completion of interrupted work)."""
     action = find_recorded(declaration, action_id)
     if action is None:
         raise UndoError(f"no action {action_id!r} is recorded (see `poison-pipeline actions`)")
@@ -135,7 +136,8 @@ def undo_action(declaration: Declaration, action_id: str, actor: str | None = No
         raise UndoError(f"action {action_id!r} is {action.state}: run it again with its id to complete it "
                         "before undoing it")
     tables = QueueTables.of(declaration, action.queue)
-    with operator_writer(declaration, tables, "undo", run_id, resuming=[f"undo-{action_id}"]) as writer:
+    with operator_writer(declaration, tables, "undo", run_id, resuming=[f"undo-{action_id}"],
+                         within=within) as writer:
         return _UNDOERS[action.kind](declaration, writer, action, actor or default_actor(), run_id,
                                      now or datetime.now(UTC))
 
@@ -230,7 +232,7 @@ def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action,
     touched = [(tables, source), (target, INBOUND)]
     undo_id = f"undo-{action.action_id}"
     record = _begin(writer, action, actor, run_id, now, COMPENSATE, touched, find_action(tables, undo_id))
-    with operator_writer(declaration, target, "undo", run_id, resuming=[undo_id]) as target_writer:
+    with operator_writer(declaration, target, "undo", run_id, resuming=[undo_id], within=writer) as target_writer:
         result = _compensate(writer, source, target_writer, action, record.action_id)
         if target.queue != tables.queue:  # the reverse of the redrive's intake rows
             app_id = f"poison_pipeline/{tables.queue}/{record.action_id}"

@@ -14,7 +14,7 @@ from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.files import rows_where_in
 from poison_pipeline.storage.tables import EVENTS, QueueTables
-from poison_pipeline.storage.writer import queue_writer
+from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 QUEUE_DISABLED = "queue_disabled"
 QUEUE_ENABLED = "queue_enabled"
@@ -96,13 +96,14 @@ class StateNotRecorded(RuntimeError):
     """An enable or disable was committed but the queue's state does not show it."""
 
 
-def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str, run_id: str = "manual") -> bool:
+def set_enabled(tables: QueueTables, enabled: bool, actor: str, reason: str, run_id: str = "manual", *,
+                within: QueueWriter | None = None) -> bool:
     """Record an enable or disable under the queue's lease; returns False (and writes nothing) when
     already in that state. Reads the state back and raises StateNotRecorded if it does not show it."""
     tables.ensure()
     kind = QUEUE_ENABLED if enabled else QUEUE_DISABLED
     action = "enable" if enabled else "disable"
-    with queue_writer(tables, action, run_id) as writer:
+    with queue_writer(tables, action, run_id, within=within) as writer:
         for _ in range(5):
             if queue_state(tables).enabled == enabled:
                 return False

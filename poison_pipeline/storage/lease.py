@@ -20,9 +20,9 @@ every table of the queue. From then on the storage itself refuses the old holder
 it paused: Delta's conflict checker fails a commit whose app transaction another commit has set
 since its snapshot, and a snapshot that already shows a newer epoch is refused before writing.
 
-A lease is not reentrant: storage/writer.py's `queue_writer` is (a thread that holds a queue's
-writer gets the same writer again), so a cycle that holds its queue's lease can end a conversation
-or transmit on that queue without waiting for itself.
+A lease is not reentrant: storage/writer.py's `queue_writer` is, for the work that hands its writer
+down (`within=`): a cycle that holds its queue's lease ends a conversation or transmits on that
+queue with the writer it has instead of waiting for itself.
 """
 
 from __future__ import annotations

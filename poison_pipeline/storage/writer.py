@@ -15,7 +15,6 @@ a lease released cleanly needs no fence (its holder made its last commit before 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -227,9 +226,13 @@ class LeaseFreeAppender(Committer):
 class QueueWriter(Committer):
     """Every commit of the holder of a queue's lease, fenced by the lease's epoch."""
 
-    def __init__(self, tables: QueueTables, lease: Lease) -> None:
+    def __init__(self, tables: QueueTables, lease: Lease, holding: dict[str, QueueWriter] | None = None) -> None:
         super().__init__(tables, Transaction(fence_app(tables.queue), lease.epoch))
         self.lease = lease
+        # The writers held together with this one (its own included), by lease: work that holds one
+        # hands it down (`queue_writer(within=...)`), so a call it makes on a queue it holds gets that
+        # writer instead of waiting for itself, and a writer taken under it joins the holding.
+        self.holding = {} if holding is None else holding
         # The interrupted work of the queue (cycles left staged, operator actions left planned) is
         # completed once per holding, before the holder's own work: `settled` once begun, and the
         # ids of the actions completed then (a command's report lists them).
@@ -374,30 +377,26 @@ def _batch_ids_of(tables: QueueTables, table: str, paths: list[str]) -> pa.Table
                      "file": pc.take(index, pc.index_in(rows["__filename"], value_set=names))})
 
 
-# The writers this thread holds, by queue: a cycle that holds its queue's lease ends a conversation or
-# transmits on that queue with the same writer instead of waiting for itself.
-_held = threading.local()
-
-
 @contextmanager
 def queue_writer(tables: QueueTables, purpose: str, run_id: str = "manual",
-                 on_wait: Callable[[Holder], None] | None = None) -> Iterator[QueueWriter]:
-    """Hold the queue's lease for the block and hand out its writer; a thread that holds it already
-    gets the writer it has. Taking the lease over from a holder that stopped renewing fences it out
-    of every table first."""
-    held: dict[str, QueueWriter] = _held.__dict__.setdefault("writers", {})
+                 on_wait: Callable[[Holder], None] | None = None, *,
+                 within: QueueWriter | None = None) -> Iterator[QueueWriter]:
+    """Hold the queue's lease for the block and hand out its writer. `within`: a writer the caller
+    holds; when it or one held with it is this queue's, the block gets that writer (a cycle ends a
+    conversation or transmits on its own queue without waiting for itself). Taking the lease over
+    from a holder that stopped renewing fences it out of every table first."""
     key = tables.uri(LEASE_TABLE)
-    if key in held:
-        yield held[key]
+    holding = {} if within is None else within.holding
+    if key in holding:
+        yield holding[key]
         return
-    with queue_lease(tables.uri(LEASE_TABLE), tables.queue, tables.storage_options, tables.lease_settings,
-                     purpose, run_id, on_wait) as lease:
-        writer = QueueWriter(tables, lease)
+    with queue_lease(key, tables.queue, tables.storage_options, tables.lease_settings, purpose, run_id,
+                     on_wait) as lease:
+        writer = QueueWriter(tables, lease, holding)
         if lease.took_over:
             writer.fence_all()
-        held[key] = writer
+        holding[key] = writer
         try:
             yield writer
         finally:
-            del held[key]
-
+            del holding[key]
