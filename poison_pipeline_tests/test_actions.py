@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.operations.actions import DONE, PLANNED, begin_action, find_action, list_actions
+from poison_pipeline.operations.actions import DONE, KINDS, PLANNED, RESUMABLE, begin_action, find_action, list_actions
+from poison_pipeline.operations.interrupted import COMPLETIONS
 from poison_pipeline.storage.control import set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 from poison_pipeline.storage.writer import queue_writer
@@ -52,3 +55,11 @@ def test_beginning_an_action_again_with_its_id_returns_the_recorded_one(tmp_path
         again = begin_action(writer, "redrive", "bob", {"from": "dead_letter"}, [], action_id="r-1")
     assert again == first and find_action(tables, "r-1").state == PLANNED
     assert len(tables.open("actions").to_pyarrow_table()) == 1
+
+
+def test_every_resumable_kind_has_its_completion_and_an_undeclared_kind_is_not_recorded(tmp_path):
+    assert list(COMPLETIONS) == list(RESUMABLE) and set(RESUMABLE) <= set(KINDS)
+    tables = QueueTables.of(load_declaration(write_config(tmp_path)), "q")
+    with queue_writer(tables, "test") as writer, pytest.raises(ValueError, match="action kind 'archive' is not"):
+        begin_action(writer, "archive", "alice", {}, [], action_id="a-1")
+    assert find_action(tables, "a-1") is None

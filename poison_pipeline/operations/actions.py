@@ -141,11 +141,23 @@ def planned_actions(tables: QueueTables, kinds: Sequence[str], *, snapshot: Delt
     return sorted((_from_row(row) for row in rows), key=lambda action: action.at)
 
 
+# Every kind of action the ledger records. A kill can leave the `RESUMABLE` ones half done: the
+# queue's next holder completes them (operations/interrupted.py holds one completion per kind, each
+# in its action's module; a test keeps the two lists equal). The others commit once, or are safe to
+# run again by hand (`end-conversation`), and leave nothing to complete.
+RESUMABLE = ("redrive", "edit", "purge", "undo")
+KINDS = (*RESUMABLE, "enable", "end_conversation")
+
+
 def begin_action(writer: QueueWriter, kind: str, actor: str, arguments: dict[str, Any],
                  touched: list[tuple[QueueTables, str]], action_id: str | None = None,
                  run_id: str = "manual", now: datetime | None = None) -> Action:
     """Record an action as planned (with the versions of the tables it will touch), or return the
-    recorded one when `action_id` names an action already begun."""
+    recorded one when `action_id` names an action already begun. A kind not in KINDS is refused: a
+    new action is declared resumable (with its completion) or not, before it can be recorded."""
+    if kind not in KINDS:
+        raise ValueError(f"action kind {kind!r} is not declared: add it to KINDS (and, if a kill can leave it "
+                         "half done, to RESUMABLE with its completion in operations/interrupted.py)")
     tables = writer.tables
     tables.ensure()
     if action_id is not None and (existing := find_action(tables, action_id)) is not None:

@@ -40,6 +40,7 @@ from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
 from poison_pipeline.operations.actions import (
     ABANDONED,
     DONE,
+    Action,
     begin_action,
     default_actor,
     find_action,
@@ -334,3 +335,14 @@ def edits_of(declaration: Declaration, message_id: str) -> list[dict[str, Any]]:
     for name in declaration.queues:
         found += QueueTables.of(declaration, name).message_rows(EDITS, message_id)
     return sorted(found, key=lambda r: (r["at"], r["edit_id"]))
+
+
+def complete_interrupted_edit(declaration: Declaration, writer: QueueWriter, action: Action, run_id: str) -> None:
+    """An edit a kill left planned after it recorded its new body, completed by its queue's next
+    holder: the recorded message and body go back (one killed before has nothing to complete)."""
+    row = edit_row(writer.tables, action.action_id)
+    if row is None:
+        raise EditError(f"edit {action.action_id} recorded no new body: nothing to complete")
+    edit_message(declaration, action.arguments["message_id"], row["new_body"], queue=writer.tables.queue,
+                 source=action.arguments["from"], edit_id=action.action_id, actor=action.actor, run_id=run_id,
+                 within=writer)

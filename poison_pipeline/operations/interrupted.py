@@ -18,17 +18,24 @@ whose committed chunk is nowhere in its target) is left, with its error, and the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.engine.cycle import Completed
 from poison_pipeline.engine.recovery import finish_interrupted_cycles
 from poison_pipeline.operations import purge as purging
-from poison_pipeline.operations.actions import PLANNED, Action, abandon_action, find_action, planned_actions
-from poison_pipeline.operations.edit import EditError, EditNotFound, edit_message, edit_row
+from poison_pipeline.operations.actions import (
+    PLANNED,
+    RESUMABLE,
+    Action,
+    abandon_action,
+    find_action,
+    planned_actions,
+)
+from poison_pipeline.operations.edit import EditError, EditNotFound, complete_interrupted_edit, edit_row
 from poison_pipeline.operations.purge import PurgeError
-from poison_pipeline.operations.redrive import RedriveError, planned_rows, redrive_table
-from poison_pipeline.operations.undo import UndoError, undo_action
+from poison_pipeline.operations.redrive import RedriveError, complete_interrupted_redrive, planned_rows
+from poison_pipeline.operations.undo import UndoError, complete_interrupted_undo
 from poison_pipeline.storage.lease import LeaseHeld
 from poison_pipeline.storage.plans import remove_finished_plans
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
@@ -36,7 +43,7 @@ from poison_pipeline.storage.writer import QueueWriter
 
 # The actions a kill can leave half done, in the order they are completed: redrives before edits
 # (an edit completes through its own redrive) and undos last.
-INTERRUPTIBLE = ("redrive", "edit", "purge", "undo")
+INTERRUPTIBLE = RESUMABLE
 
 
 def interrupted_actions(tables: QueueTables) -> tuple[int, int | None]:
@@ -94,23 +101,20 @@ def _abandoned(tables: QueueTables, action: Action, by_edits: set[str | None]) -
     return action.kind == "edit" and edit_row(tables, action.action_id) is None
 
 
+def _complete_purge(declaration: Declaration, writer: QueueWriter, action: Action, run_id: str) -> None:
+    purging.finish_interrupted(declaration, writer, action)
+
+
+# How each resumable kind of action is completed, in its own module (actions.RESUMABLE lists them).
+COMPLETIONS: dict[str, Callable[[Declaration, QueueWriter, Action, str], None]] = {
+    "redrive": complete_interrupted_redrive,
+    "edit": complete_interrupted_edit,
+    "purge": _complete_purge,
+    "undo": complete_interrupted_undo,
+}
+
+
 def _complete(declaration: Declaration, writer: QueueWriter, action: Action, run_id: str) -> str | None:
     """None once `action` is complete, else why it was left as it is."""
-    tables = writer.tables
-    args = action.arguments
-    if action.kind == "redrive":
-        redrive_table(declaration, tables.queue, args["from"], to=args["to"], redrive_id=action.action_id,
-                      actor=action.actor, run_id=run_id, within=writer)
-    elif action.kind == "edit":
-        row = edit_row(tables, action.action_id)
-        if row is None:  # abandoned above; unreachable
-            return "no new body recorded"
-        edit_message(declaration, args["message_id"], row["new_body"], queue=tables.queue, source=args["from"],
-                     edit_id=action.action_id, actor=action.actor, run_id=run_id, within=writer)
-    elif action.kind == "purge":
-        purging.finish_interrupted(declaration, writer, action)
-    elif action.kind == "undo":
-        # One across queues takes the other queue's lease too (this writer stays held): left
-        # half done, it would leave a message in both queues.
-        undo_action(declaration, args["action_id"], actor=action.actor, run_id=run_id, within=writer)
+    COMPLETIONS[action.kind](declaration, writer, action, run_id)
     return None

@@ -49,6 +49,7 @@ from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND,
 from poison_pipeline.operations.actions import (
     ABANDONED,
     PLANNED,
+    Action,
     begin_action,
     default_actor,
     find_action,
@@ -600,3 +601,10 @@ def _summary_of(rows: pa.Table, counts: dict[str, int], request: TableRedrive, r
         sample_ids=rows["message_id"].to_pylist()[:SAMPLE],
         first_due=min(due) if due else None, last_due=max(due) if due else None,
     )
+
+
+def complete_interrupted_redrive(declaration: Declaration, writer: QueueWriter, action: Action, run_id: str) -> None:
+    """A redrive a kill left planned, completed by its queue's next holder as it was recorded."""
+    args = action.arguments
+    redrive_table(declaration, writer.tables.queue, args["from"], to=args["to"], redrive_id=action.action_id,
+                  actor=action.actor, run_id=run_id, within=writer)

@@ -494,3 +494,10 @@ def find_recorded(declaration: Declaration, action_id: str) -> Action | None:
         if found is not None:
             return found
     return None
+
+
+def complete_interrupted_undo(declaration: Declaration, writer: QueueWriter, action: Action, run_id: str) -> None:
+    """An undo a kill left planned, completed by its queue's next holder. One across queues takes the
+    other queue's lease too (this writer stays held): left half done, it would leave a message in
+    both queues."""
+    undo_action(declaration, action.arguments["action_id"], actor=action.actor, run_id=run_id, within=writer)
