@@ -24,7 +24,7 @@ from poison_pipeline.engine import cycle as cycle_module
 from poison_pipeline.operations import edit as edit_module
 from poison_pipeline.operations import purge as purge_module
 from poison_pipeline.operations import redrive as redrive_module
-from poison_pipeline.operations.actions import ABANDONED, DONE, PLANNED, find_action
+from poison_pipeline.operations.actions import ABANDONED, DONE, PLANNED, Recorded, find_action
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditNotFound, edit_message
@@ -177,7 +177,7 @@ def test_case_5_a_purge_first_completes_an_interrupted_redrive_and_purges_nothin
     declaration = lake(make_declaration, "q")
     two_in_poison(declaration)
     with monkeypatch.context() as patch:
-        kill_after(patch, redrive_module, "write_plan", 1)
+        kill_after(patch, Recorded, "record_plan", 1)
         with pytest.raises(Killed):
             redrive_table(declaration, "q", POISON, redrive_id="r1")
     # The redrive may have sent copies already: the purge completes it before it selects anything.
@@ -199,7 +199,7 @@ def test_case_13_a_purge_killed_then_a_redrive_completes_the_purge_first(make_de
     two_in_poison(declaration)
     with monkeypatch.context() as patch:
         if killed == "after its plan":
-            kill_after(patch, purge_module, "write_plan", 1)
+            kill_after(patch, Recorded, "record_plan", 1)
         else:
             kill_before(patch, QueueWriter, "replace_batches", 1)
         with pytest.raises(Killed):
@@ -289,7 +289,7 @@ def test_a_redrive_killed_before_its_plan_is_closed_abandoned_by_the_next_cycle(
     two_in_poison(declaration)
     tables = QueueTables.of(declaration, "q")
     with monkeypatch.context() as patch:
-        kill_before(patch, redrive_module, "write_plan", 1)
+        kill_before(patch, Recorded, "record_plan", 1)
         with pytest.raises(Killed):
             redrive_table(declaration, "q", POISON, redrive_id="r1")
     assert find_action(tables, "r1").state == PLANNED

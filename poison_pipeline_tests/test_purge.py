@@ -20,8 +20,7 @@ from pydantic import ValidationError
 
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
-from poison_pipeline.operations import purge as purge_module
-from poison_pipeline.operations.actions import DONE, PLANNED, find_action, list_actions
+from poison_pipeline.operations.actions import DONE, PLANNED, Recorded, find_action, list_actions
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, PurgeRequest, apply_retention, purge_table
@@ -201,9 +200,9 @@ STEPS = ["begin", "plan", "ledger", "remove", "finish"]
 @pytest.mark.parametrize("step", STEPS)
 def test_killed_at_each_step_and_run_again_nothing_is_lost_or_deleted_twice(lake, monkeypatch, step, with_id):
     declaration, _ = lake
-    targets = {"begin": (purge_module, "begin_action"), "plan": (purge_module, "write_plan"),
+    targets = {"begin": (Recorded, "begin"), "plan": (Recorded, "record_plan"),
                "ledger": (Committer, "append"), "remove": (QueueWriter, "replace_batches"),
-               "finish": (purge_module, "finish_action")}
+               "finish": (Recorded, "finish")}
     owner, name = targets[step]
     original = getattr(owner, name)
 

@@ -16,8 +16,7 @@ from pydantic import ValidationError
 
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import LeaseSettings
-from poison_pipeline.operations import redrive as redrive_module
-from poison_pipeline.operations.actions import DONE, PLANNED, find_action
+from poison_pipeline.operations.actions import DONE, PLANNED, Recorded, find_action
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.operations.records import enqueue
@@ -171,8 +170,8 @@ STEPS = ["plan", "append", "remove", "finish"]
 @pytest.mark.parametrize("step", STEPS)
 def test_killed_at_each_step_and_run_again_it_completes_without_moving_anything_twice(lake, monkeypatch, step):
     declaration, _ = lake
-    targets = {"plan": (redrive_module, "write_plan"), "append": (Committer, "append"),
-               "remove": (QueueWriter, "replace_batches"), "finish": (redrive_module, "finish_action")}
+    targets = {"plan": (Recorded, "record_plan"), "append": (Committer, "append"),
+               "remove": (QueueWriter, "replace_batches"), "finish": (Recorded, "finish")}
     owner, name = targets[step]
     original = getattr(owner, name)
 

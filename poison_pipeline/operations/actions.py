@@ -7,6 +7,8 @@ One killed before it wrote its plan moved nothing, and its default id was never 
 next cycle closes it `abandoned` (operations/interrupted.py), so no action stays planned for good.
 An action id names one action: a default id is new at every invocation (never derived from the
 arguments, which repeat), and an id one queue's ledger holds is refused to an action of another.
+Every action keeps its record through one object, `Recorded` (begin, plan, finish), and every kind
+is declared (`KINDS`), resumable with its completion or not.
 
 Every operator command that moves messages holds its queue's writer through `operator_writer`,
 which first finishes the queue's cycles a kill left staged (engine/recovery.py) and completes its
@@ -33,6 +35,7 @@ from deltalake import DeltaTable
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.engine.recovery import finish_interrupted_cycles
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.plans import Plan, read_plan, remove_plan, write_plan
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
@@ -167,6 +170,62 @@ def begin_action(writer: QueueWriter, kind: str, actor: str, arguments: dict[str
                                              for t, name in touched}, run_id)
     writer.append(ACTIONS, pa.Table.from_pylist([_row(action)], schema=schemas.ACTIONS))
     return action
+
+
+@dataclass
+class Recorded:
+    """One action's record, kept to one protocol: begun `planned` before it changes anything, its
+    plan committed once (what it will change, and the versions it read that from), finished `done`
+    with its counts and its plan removed. A kill anywhere leaves it `planned`, with or without its
+    plan: run again with its id, or completed by the queue's next holder (operations/interrupted.py),
+    it goes on from its plan, never planning twice. Every operator action that moves messages keeps
+    its record through this object, under its queue's writer."""
+
+    writer: QueueWriter
+    kind: str
+    action_id: str
+    action: Action | None = None  # as recorded; None until begun
+
+    @classmethod
+    def of(cls, writer: QueueWriter, kind: str, action_id: str) -> Recorded:
+        """The record of `action_id` as the queue's ledger has it (not begun: `action` None)."""
+        return cls(writer, kind, action_id, find_action(writer.tables, action_id))
+
+    @property
+    def finished(self) -> bool:
+        """Recorded done, undone or abandoned: nothing is left to complete."""
+        return self.action is not None and self.action.state != PLANNED
+
+    def begin(self, actor: str, arguments: dict[str, Any], touched: list[tuple[QueueTables, str]],
+              run_id: str, now: datetime | None = None) -> Action:
+        """Record the action planned (once: begun already, the recorded one is kept)."""
+        if self.action is None:
+            self.action = begin_action(self.writer, self.kind, actor, arguments, touched, action_id=self.action_id,
+                                       run_id=run_id, now=now)
+        return self.action
+
+    def plan(self) -> Plan | None:
+        """The plan recorded; None before it was (or after the action finished)."""
+        return read_plan(self.writer.tables, self.kind, self.action_id)
+
+    def record_plan(self, rows: pa.Table, versions: dict[str, int | None]) -> None:
+        """Commit the plan, once, after `begin` and before the first change it plans."""
+        if self.action is None:
+            raise RuntimeError(f"{self.kind} {self.action_id}: a plan is recorded after the action is begun")
+        write_plan(self.writer, self.kind, self.action_id, rows, versions)
+
+    def finish(self, counts: dict[str, Any], touched: list[tuple[QueueTables, str]]) -> Action:
+        """Record the action done with its counts, then remove its plan (a kill between the two leaves
+        a plan that the next holder removes: `clear`)."""
+        if self.action is None:
+            raise RuntimeError(f"{self.kind} {self.action_id}: finished before it was begun")
+        self.action = finish_action(self.writer, self.action, counts, touched)
+        self.clear()
+        return self.action
+
+    def clear(self) -> None:
+        """Remove the plan of a finished action (killed after it was recorded done)."""
+        remove_plan(self.writer, self.kind, self.action_id)
 
 
 def _row(action: Action) -> dict[str, Any]:

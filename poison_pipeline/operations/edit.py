@@ -41,10 +41,9 @@ from poison_pipeline.operations.actions import (
     ABANDONED,
     DONE,
     Action,
-    begin_action,
+    Recorded,
     default_actor,
     find_action,
-    finish_action,
     new_action_id,
     operator_writer,
     reused_id,
@@ -278,8 +277,9 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
     touched = [(tables, EDITS), (tables, source), (tables, INBOUND)]
     with operator_writer(declaration, tables, "edit", run_id, resuming=[edit_id, redrive_id],
                          within=within) as writer:
-        action = find_action(tables, edit_id)
-        if action is not None and action.state in (DONE, ABANDONED):  # another run closed it meanwhile
+        record = Recorded.of(writer, "edit", edit_id)
+        action = record.action
+        if action is not None and record.finished:  # another run closed it meanwhile
             return _resume_or_done(declaration, queue, action, message_id, body, given, actor, run_id, now, writer)
         row = edit_row(tables, edit_id)
         if row is not None:
@@ -301,12 +301,11 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
                    "encoding": original["encoding"], "original_body": original["body"], "new_body": body,
                    "original_headers": list(dict(original.get("headers") or []).items()),
                    "new_headers": list({**dict(original.get("headers") or []), **given}.items())}
-            if action is None:
-                arguments = {"message_id": message_id, "from": source, "to": queue, "redrive_id": redrive_id,
-                             "body_bytes": len(body), "body_sha256": hashlib.sha256(body).hexdigest(),
-                             "headers": given}
-                action = begin_action(writer, "edit", actor, arguments, touched, action_id=edit_id,
-                                      run_id=run_id, now=at)
+            # Its plan is its row of the edits table (the message, the new body): begun, then that.
+            action = record.begin(actor, {"message_id": message_id, "from": source, "to": queue,
+                                          "redrive_id": redrive_id, "body_bytes": len(body),
+                                          "body_sha256": hashlib.sha256(body).hexdigest(), "headers": given},
+                                  touched, run_id, at)
             _record(writer, edit_id, row)
         # The edit's record is begun before its row is written: a row means a record.
         assert action is not None, f"edit {edit_id} has a row but no record"
@@ -318,7 +317,7 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
         # now, and what it moved then is in its own record.
         redriven = find_action(tables, redrive_id) if sent.already_done else None
         moved = int(redriven.counts.get("moved", 0)) if redriven is not None else sent.moved
-        done = finish_action(writer, action, {"moved": moved}, touched)
+        done = record.finish({"moved": moved}, touched)
     result = _result(edit_id, queue, source, message_id, row["new_body"], row, action.actor)
     result.moved, result.action_id = moved, done.action_id
     return result

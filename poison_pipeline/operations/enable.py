@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.operations.actions import Action, begin_action, finish_action
+from poison_pipeline.operations.actions import Action, Recorded, new_action_id
 from poison_pipeline.operations.requests import ActionContext, Request, not_blank
 from poison_pipeline.storage.control import QueueState, queue_state, set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables
@@ -48,7 +48,8 @@ def enable(declaration: Declaration, request: EnableRequest, context: ActionCont
     touched = [(tables, EVENTS)]
     with queue_writer(tables, "enable", run_id) as writer:
         before = queue_state(tables)
-        action = begin_action(writer, "enable", actor, {"reason": reason}, touched, run_id=run_id)
+        record = Recorded(writer, "enable", new_action_id("enable"))
+        record.begin(actor, {"reason": reason}, touched, run_id)
         changed = set_enabled(tables, True, actor, reason, run_id, within=writer)
-        action = finish_action(writer, action, {"changed": changed}, touched)
+        action = record.finish({"changed": changed}, touched)
     return EnableResult(queue, changed, before, action)

@@ -13,7 +13,7 @@ from poison_pipeline.broker import conversations
 from poison_pipeline.broker.conversations import EndResult, check_end_request, conversation_queues
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER
-from poison_pipeline.operations.actions import Action, begin_action, finish_action, operator_writer
+from poison_pipeline.operations.actions import Action, Recorded, new_action_id, operator_writer
 from poison_pipeline.operations.requests import ActionContext, Request
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
 
@@ -72,12 +72,13 @@ def end_conversation_by_operator(declaration: Declaration, queue: str, conversat
     tables.ensure()
     touched = [(tables, t) for t in (*tables.waiting, DEAD_LETTER, CONVERSATIONS, EVENTS, NOTIFICATIONS)]
     with operator_writer(declaration, tables, "end-conversation", run_id) as writer:
-        action = begin_action(writer, "end_conversation", actor, {
-            "conversation_id": conversation_id, "code": code, "description": description}, touched, run_id=run_id)
+        record = Recorded(writer, "end_conversation", new_action_id("end_conversation"))
+        record.begin(actor, {"conversation_id": conversation_id, "code": code, "description": description}, touched,
+                     run_id)
         result = conversations.end_conversation(declaration, queue, conversation_id, code, description, actor, now,
                                                 within=writer)
         counts = {"removed": result.removed_total, "unsent": sum(result.unsent.values()),
                   "notified": len(result.notified), "already_ended": result.already_ended,
                   "hook_error": result.hook_error}
-        action = finish_action(writer, action, counts, touched)
+        action = record.finish(counts, touched)
     return OperatorEnd(result, action)

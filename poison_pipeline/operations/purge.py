@@ -46,12 +46,10 @@ from poison_pipeline.domain.durations import parse_duration
 from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import FAILED_AT
 from poison_pipeline.operations.actions import (
-    PLANNED,
     Action,
-    begin_action,
+    Recorded,
     default_actor,
     find_action,
-    finish_action,
     new_action_id,
     operator_writer,
     planned_actions,
@@ -70,7 +68,7 @@ from poison_pipeline.operations.selection import (
     selection_filter,
 )
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.plans import read_plan, remove_plan, write_plan
+from poison_pipeline.storage.plans import read_plan
 from poison_pipeline.storage.tables import PURGED, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
@@ -201,21 +199,21 @@ def purge_table(declaration: Declaration, queue: str, table: str, older_than: ti
     tables.ensure()
     with operator_writer(declaration, tables, KIND, run_id, resuming=[purge_id] if purge_id else []) as writer:
         resumed = list(writer.completed_actions)
-        if purge_id is not None and (recorded := find_action(tables, purge_id)) is not None:
-            result = _resume(declaration, writer, recorded)
+        if purge_id is not None and (record := Recorded.of(writer, KIND, purge_id)).action is not None:
+            result = _resume(declaration, record)
             result.resumed = resumed
             return result
         purge_id = purge_id or new_action_id(KIND)
+        record = Recorded(writer, KIND, purge_id)
         taken, held_by, held = _not_held(tables, table, selected(declaration, queue, table, bounded))
         rows = _ledger_rows(taken, table, purge_id, now)
         result = _summary(rows, purge_id, queue, table, False, age, cutoff, actor)
         result.resumed, result.skipped_held, result.held_by = resumed, held, held_by
         if rows.num_rows == 0:
             return result  # nothing to purge: no table changes, nothing recorded
-        action = begin_action(writer, KIND, actor, {**arguments, "id": purge_id}, _touched(tables, table),
-                              action_id=purge_id, run_id=run_id, now=now)
-        write_plan(writer, KIND, purge_id, rows, {table: table_version(tables, table)})
-        _commit(writer, action, rows, None, fresh=True)
+        record.begin(actor, {**arguments, "id": purge_id}, _touched(tables, table), run_id, now)
+        record.record_plan(rows, {table: table_version(tables, table)})
+        _commit(record, rows, None, fresh=True)
         result.action_id = purge_id
         return result
 
@@ -267,9 +265,11 @@ def _ledger_rows(rows: pa.Table, table: str, purge_id: str, now: datetime) -> pa
     }).cast(schemas.PURGED)
 
 
-def _commit(writer: QueueWriter, action: Action, rows: pa.Table, version: int | None, fresh: bool) -> pa.Table:
+def _commit(record: Recorded, rows: pa.Table, version: int | None, fresh: bool) -> pa.Table:
     """Steps 3 to 5, each safe to repeat, for the planned `rows` (read from the table at `version`);
     `fresh` when they were read under this lease a moment ago. Returns the ledger rows purged."""
+    writer, action = record.writer, record.action
+    assert action is not None  # begun before its plan
     tables = writer.tables
     table = action.arguments["table"]
     ledger_app, removal_app = f"poison_pipeline/{action.action_id}", f"poison_pipeline/{action.action_id}/removed"
@@ -297,9 +297,8 @@ def _commit(writer: QueueWriter, action: Action, rows: pa.Table, version: int | 
             purged = purged.filter(pc.invert(moved))
     if in_place.num_rows:
         _remove(writer, table, in_place, Transaction(removal_app, 1))
-    finish_action(writer, action, {"selected": rows.num_rows, "purged": purged.num_rows,
-                                   "skipped_moved_since": rows.num_rows - purged.num_rows}, _touched(tables, table))
-    remove_plan(writer, KIND, action.action_id)
+    record.finish({"selected": rows.num_rows, "purged": purged.num_rows,
+                   "skipped_moved_since": rows.num_rows - purged.num_rows}, _touched(tables, table))
     return purged
 
 
@@ -314,17 +313,18 @@ def finish_interrupted(declaration: Declaration, writer: QueueWriter, action: Ac
     """Complete purge `action`, left `planned` by a kill; call holding the queue's lease. Returns
     the ledger rows of what it purged."""
     tables = writer.tables
-    plan = read_plan(tables, KIND, action.action_id)
+    record = Recorded(writer, KIND, action.action_id, action)
+    plan = record.plan()
     if plan is None:  # killed before its plan was written: it deleted nothing; plan it as recorded
         args = action.arguments
         bounded = Selection(**{**_selection_of(args["selection"]).__dict__,
                                "failed_before": datetime.fromisoformat(args["cutoff"])})
         rows = _ledger_rows(selected(declaration, tables.queue, args["table"], bounded), args["table"],
                             action.action_id, action.at)
-        write_plan(writer, KIND, action.action_id, rows, {args["table"]: table_version(tables, args["table"])})
-        return _commit(writer, action, rows, None, fresh=True)
+        record.record_plan(rows, {args["table"]: table_version(tables, args["table"])})
+        return _commit(record, rows, None, fresh=True)
     rows = plan.rows.cast(schemas.PURGED)
-    return _commit(writer, action, rows, plan.versions.get(action.arguments["table"]), fresh=False)
+    return _commit(record, rows, plan.versions.get(action.arguments["table"]), fresh=False)
 
 
 def _selection_of(arguments: dict[str, Any]) -> Selection:
@@ -338,12 +338,14 @@ def _selection_of(arguments: dict[str, Any]) -> Selection:
     return Selection(**values)
 
 
-def _resume(declaration: Declaration, writer: QueueWriter, action: Action) -> PurgeResult:
+def _resume(declaration: Declaration, record: Recorded) -> PurgeResult:
+    writer, action = record.writer, record.action
+    assert action is not None  # recorded: that is what is resumed
     tables = writer.tables
     args = action.arguments
     age, cutoff = timedelta(seconds=args["older_than_seconds"]), datetime.fromisoformat(args["cutoff"])
-    if action.state != PLANNED:
-        remove_plan(writer, KIND, action.action_id)  # killed after it was recorded done
+    if record.finished:
+        record.clear()  # killed after it was recorded done
         result = PurgeResult(action.action_id, args["queue"], args["table"], False, age.total_seconds(), cutoff,
                              already_done=True, actor=action.actor, action_id=action.action_id)
         return result

@@ -48,12 +48,10 @@ from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import (
     ABANDONED,
-    PLANNED,
     Action,
-    begin_action,
+    Recorded,
     default_actor,
     find_action,
-    finish_action,
     new_action_id,
     operator_writer,
     reused_id,
@@ -71,7 +69,7 @@ from poison_pipeline.operations.selection import (
 )
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.intake import ensure_intake, record_intake
-from poison_pipeline.storage.plans import read_plan, remove_plan, write_plan
+from poison_pipeline.storage.plans import read_plan
 from poison_pipeline.storage.tables import PURGED, QueueTables
 from poison_pipeline.storage.writer import Committer, LeaseFreeAppender, QueueWriter
 
@@ -442,33 +440,31 @@ def app_id(source_queue: str, redrive_id: str) -> str:
 def _run(declaration: Declaration, request: TableRedrive, writer: QueueWriter, redrive_id: str, actor: str,
          run_id: str, now: datetime, progress: Callable[[int, int], None]) -> RedriveResult:
     tables = writer.tables
-    recorded = find_action(tables, redrive_id)
-    if recorded is not None and recorded.state != PLANNED:
-        remove_plan(writer, KIND, redrive_id)  # killed after it was recorded done
+    record = Recorded.of(writer, KIND, redrive_id)
+    if record.finished:
+        record.clear()  # killed after it was recorded done
+        assert record.action is not None
         return RedriveResult(redrive_id, request.queue, request.source, request.to, False, already_done=True,
-                             action_id=redrive_id, abandoned=recorded.state == ABANDONED)
+                             action_id=redrive_id, abandoned=record.action.state == ABANDONED)
     asked = request.arguments()
-    if recorded is not None:
+    if record.action is not None:
         # Sent elsewhere, a completion would leave the copies the interrupted run sent in its target.
-        request = request.as_recorded(recorded.arguments)
+        request = request.as_recorded(record.action.arguments)
     differs = {k: v for k, v in request.arguments().items() if asked.get(k) != v}
     target = QueueTables.of(declaration, request.to)
     touched = [(tables, request.source), (target, INBOUND)]
-    plan = read_plan(tables, KIND, redrive_id) if recorded is not None else None
+    plan = record.plan() if record.action is not None else None
     if plan is None:
         fresh = _plan(declaration, request, tables, redrive_id, now)
-        if fresh.rows.num_rows == 0 and recorded is None:
+        if fresh.rows.num_rows == 0 and record.action is None:
             return _summary(fresh, request, redrive_id, False)  # nothing to move: no table changes
-        action = recorded or begin_action(writer, KIND, actor, {**request.arguments(), "id": redrive_id},
-                                          touched, action_id=redrive_id, run_id=run_id, now=now)
+        record.begin(actor, {**request.arguments(), "id": redrive_id}, touched, run_id, now)
         rows, counts = fresh.rows, _plan_counts(fresh)
-        write_plan(writer, KIND, redrive_id,
-                   rows.append_column("plan_counts", pa.array([json.dumps(counts)] * rows.num_rows)),
-                   {request.source: table_version(tables, request.source)})
+        record.record_plan(rows.append_column("plan_counts", pa.array([json.dumps(counts)] * rows.num_rows)),
+                           {request.source: table_version(tables, request.source)})
         in_place = rows  # read under the lease a moment ago: nothing moved since
     else:
-        assert recorded is not None  # a plan is read only for a recorded action
-        action, rows = recorded, plan.rows
+        rows = plan.rows
         counts = json.loads(rows["plan_counts"][0].as_py()) if rows.num_rows else {}
         in_place = still_in_place(tables, request.source, rows, "source_batch_id",
                                   plan.versions.get(request.source))
@@ -476,9 +472,8 @@ def _run(declaration: Declaration, request: TableRedrive, writer: QueueWriter, r
     skipped = rows.num_rows - moved.num_rows
     result = _summary_of(moved, counts, request, redrive_id, False)
     result.skipped_moved_since = skipped
-    finish_action(writer, action, {**counts, "moved": moved.num_rows, "skipped_moved_since": skipped}, touched)
-    remove_plan(writer, KIND, redrive_id)
-    result.action_id = action.action_id
+    record.finish({**counts, "moved": moved.num_rows, "skipped_moved_since": skipped}, touched)
+    result.action_id = redrive_id
     result.as_recorded = differs
     return result
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,10 +55,9 @@ from poison_pipeline.operations.actions import (
     DONE,
     UNDONE,
     Action,
-    begin_action,
+    Recorded,
     default_actor,
     find_action,
-    finish_action,
     mark_undone,
     operator_writer,
 )
@@ -195,30 +195,32 @@ def _way(declaration: Declaration, action: Action, undo_id: str) -> str:
     return RESTORE
 
 
-def _recorded_way(declaration: Declaration, tables: QueueTables, action: Action) -> tuple[Action | None, str]:
-    """The record of an interrupted run of this undo, if any, and the way: a compensation goes on as
-    chosen; a restore is checked again (a table it has not restored yet may have moved since)."""
+def _recorded_way(declaration: Declaration, tables: QueueTables, action: Action) -> str:
+    """The way: an interrupted run's compensation goes on as chosen; a restore is checked again (a
+    table it has not restored yet may have moved since)."""
     undo_id = f"undo-{action.action_id}"
     recorded = find_action(tables, undo_id)
     if recorded is not None and recorded.arguments["how"] == COMPENSATE:
-        return recorded, COMPENSATE
-    return recorded, _way(declaration, action, undo_id)
+        return COMPENSATE
+    return _way(declaration, action, undo_id)
 
 
-def _begin(writer: QueueWriter, action: Action, actor: str, run_id: str, now: datetime, how: str,
-           touched: list[tuple[QueueTables, str]], recorded: Action | None) -> Action:
+def _begin(writer: QueueWriter, action: Action, actor: str, run_id: str, now: datetime,
+           arguments: dict[str, Any], touched: list[tuple[QueueTables, str]]) -> Recorded:
     """The undo's record: the one an interrupted run made, or a new one, planned."""
-    return recorded or begin_action(writer, "undo", actor, {"action_id": action.action_id, "how": how}, touched,
-                                    action_id=f"undo-{action.action_id}", run_id=run_id, now=now)
+    record = Recorded.of(writer, "undo", f"undo-{action.action_id}")
+    record.begin(actor, {"action_id": action.action_id, **arguments}, touched, run_id, now)
+    return record
 
 
-def _complete(writer: QueueWriter, record: Action, action: Action, result: UndoResult,
+def _complete(writer: QueueWriter, record: Recorded, action: Action, result: UndoResult,
               touched: list[tuple[QueueTables, str]]) -> None:
     """Record the undo done and the action undone, each unless an interrupted run did already."""
     tables = writer.tables
-    if record.state != DONE:
-        finish_action(writer, Action(**{**record.__dict__, "arguments": {**record.arguments, "how": result.how}}),
-                      {"restored": result.restored, "unrecoverable": len(result.unrecoverable)}, touched)
+    if not record.finished and record.action is not None:
+        record.action = Action(**{**record.action.__dict__, "arguments": {**record.action.arguments,
+                                                                          "how": result.how}})
+        record.finish({"restored": result.restored, "unrecoverable": len(result.unrecoverable)}, touched)
     recorded = find_action(tables, action.action_id)
     if recorded is None or recorded.state != UNDONE:
         mark_undone(writer, action)
@@ -231,7 +233,7 @@ def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action,
     source, target = action.arguments["from"], QueueTables.of(declaration, action.arguments["to"])
     touched = [(tables, source), (target, INBOUND)]
     undo_id = f"undo-{action.action_id}"
-    record = _begin(writer, action, actor, run_id, now, COMPENSATE, touched, find_action(tables, undo_id))
+    record = _begin(writer, action, actor, run_id, now, {"how": COMPENSATE}, touched)
     with operator_writer(declaration, target, "undo", run_id, resuming=[undo_id], within=writer) as target_writer:
         result = _compensate(writer, source, target_writer, action, record.action_id)
         if target.queue != tables.queue:  # the reverse of the redrive's intake rows
@@ -381,11 +383,11 @@ def _undo_purge(declaration: Declaration, writer: QueueWriter, action: Action, a
     tables = writer.tables
     source = action.arguments["table"]
     touched = [(tables, source), (tables, PURGED)]
-    recorded, how = _recorded_way(declaration, tables, action)
+    how = _recorded_way(declaration, tables, action)
     # Worked out before anything is recorded: when nothing at all can come back, the undo refuses
     # and changes nothing.
     plan = _purge_back(tables, source, action) if how == COMPENSATE else None
-    record = _begin(writer, action, actor, run_id, now, how, touched, recorded)
+    record = _begin(writer, action, actor, run_id, now, {"how": how}, touched)
     if plan is None:
         result = _restore(writer, action, record.action_id)
     else:
@@ -472,9 +474,7 @@ def _undo_edit(declaration: Declaration, writer: QueueWriter, action: Action, ac
     if linked is None or linked.state not in (DONE, UNDONE):
         raise UndoError(f"edit {action.action_id!r}: its redrive {redrive_id!r} is "
                         f"{'not recorded' if linked is None else linked.state}: run the edit again to complete it")
-    record = find_action(tables, f"undo-{action.action_id}") or begin_action(
-        writer, "undo", actor, {"action_id": action.action_id, "redrive_id": redrive_id}, touched,
-        action_id=f"undo-{action.action_id}", run_id=run_id, now=now)
+    record = _begin(writer, action, actor, run_id, now, {"redrive_id": redrive_id}, touched)
     # Undone already (by `undo` of the redrive itself, or by this undo before it was killed), the
     # redrive's undo changes nothing more and answers what it did.
     inner = _undo_redrive(declaration, writer, linked, actor, run_id, now)
