@@ -27,7 +27,7 @@ from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.lease import LEASE_TABLE, Holder, Lease, LeaseHeld, LeaseLost
 from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline.storage.writer import Fenced, queue_writer
+from poison_pipeline.storage.writer import Fenced, queue_writer, queue_writers
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.recording_handlers import read_lines
 from poison_pipeline_tests.s3_support import fresh_root
@@ -135,6 +135,27 @@ def test_a_holder_that_hands_its_writer_down_gets_it_back_and_one_that_does_not_
         with pytest.raises(LeaseHeld), queue_writer(tables(tmp_path, LeaseSettings(wait="300ms", expiry="10s")),
                                                     "enable"):
             pass
+
+
+def test_two_holders_that_need_the_same_two_queues_take_them_in_one_order_and_both_go_through(tmp_path):
+    patient = LeaseSettings(wait="20s", expiry="10s")
+    a, b = (QueueTables(str(tmp_path / "lake"), name, {}, ("inbound",), patient) for name in ("a", "b"))
+    start, done = threading.Barrier(2), []
+
+    def hold(queues: list[QueueTables]) -> None:
+        start.wait()
+        # Asked in opposite orders: taken as asked, each would hold one and wait for the other.
+        with queue_writers(queues, "end-conversation") as first:
+            assert {w.tables.queue for w in first.holding.values()} == {"a", "b"}
+            time.sleep(0.3)
+            done.append(first.tables.queue)
+
+    holders = [threading.Thread(target=hold, args=(order,)) for order in ([a, b], [b, a])]
+    for holder in holders:
+        holder.start()
+    for holder in holders:
+        holder.join()
+    assert done == ["a", "a"]  # both took `a` first, one after the other
 
 
 def test_a_lease_that_is_not_renewed_expires_and_its_holder_learns_it_lost_it(tmp_path):

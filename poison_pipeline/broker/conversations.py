@@ -329,6 +329,17 @@ def _delete_moved(writer: QueueWriter, table: str, source: DeltaTable, keep: pad
     writer.replace_batches(table, batch_ids, keep=keep, snapshot=source)
 
 
+def pending_senders(declaration: Declaration, queue: str, conversation_id: str) -> list[QueueTables]:
+    """The other queues with sends on the conversation still waiting to go to `queue`: an end takes
+    their leases too (read without a lease: one found now and gone by then changes nothing)."""
+    found = []
+    for sender in declaration.queues:
+        tables = QueueTables.of(declaration, sender)
+        if sender != queue and tables.exists(TRANSMISSION) and _any_row(tables.open(TRANSMISSION), conversation_id):
+            found.append(tables)
+    return found
+
+
 def _drop_pending_sends(declaration: Declaration, writer: QueueWriter, conversation_id: str,
                         now: datetime) -> dict[str, int]:
     """Delete the messages still waiting to be sent on the conversation, as Service Broker deletes them

@@ -16,6 +16,7 @@ from poison_pipeline.domain.routing import DEAD_LETTER
 from poison_pipeline.operations.actions import Action, Recorded, new_action_id, operator_writer
 from poison_pipeline.operations.requests import ActionContext, Request
 from poison_pipeline.storage.tables import CONVERSATIONS, EVENTS, NOTIFICATIONS, QueueTables
+from poison_pipeline.storage.writer import queue_writers
 
 
 class EndConversationOptions(Request):
@@ -71,7 +72,10 @@ def end_conversation_by_operator(declaration: Declaration, queue: str, conversat
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
     touched = [(tables, t) for t in (*tables.waiting, DEAD_LETTER, CONVERSATIONS, EVENTS, NOTIFICATIONS)]
-    with operator_writer(declaration, tables, "end-conversation", run_id) as writer:
+    # The senders whose pending sends on it are dropped too: all the leases, taken in the one order.
+    senders = conversations.pending_senders(declaration, queue, conversation_id)
+    with queue_writers([tables, *senders], "end-conversation", run_id) as first, \
+            operator_writer(declaration, tables, "end-conversation", run_id, within=first) as writer:
         record = Recorded(writer, "end_conversation", new_action_id("end_conversation"))
         record.begin(actor, {"conversation_id": conversation_id, "code": code, "description": description}, touched,
                      run_id)

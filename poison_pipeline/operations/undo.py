@@ -64,7 +64,7 @@ from poison_pipeline.operations.actions import (
 from poison_pipeline.operations.requests import ActionContext, Request, not_blank
 from poison_pipeline.storage.intake import record_intake
 from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
-from poison_pipeline.storage.writer import QueueWriter
+from poison_pipeline.storage.writer import QueueWriter, queue_writers
 
 RESTORE, COMPENSATE = "restore", "compensate"
 
@@ -136,8 +136,11 @@ def undo_action(declaration: Declaration, action_id: str, actor: str | None = No
         raise UndoError(f"action {action_id!r} is {action.state}: run it again with its id to complete it "
                         "before undoing it")
     tables = QueueTables.of(declaration, action.queue)
-    with operator_writer(declaration, tables, "undo", run_id, resuming=[f"undo-{action_id}"],
-                         within=within) as writer:
+    # A redrive into another queue is undone under both queues' leases, taken in the one order.
+    both = [tables, *([QueueTables.of(declaration, action.arguments["to"])] if action.kind == "redrive" else [])]
+    with queue_writers(both, "undo", run_id, within=within) as first, \
+            operator_writer(declaration, tables, "undo", run_id, resuming=[f"undo-{action_id}"],
+                            within=first) as writer:
         return _UNDOERS[action.kind](declaration, writer, action, actor or default_actor(), run_id,
                                      now or datetime.now(UTC))
 

@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
@@ -40,7 +40,7 @@ from poison_pipeline.storage.tables import (
     whole_file_removes,
 )
 
-__all__ = ["Committer", "Fenced", "LeaseFreeAppender", "QueueWriter", "fence_app", "queue_writer"]
+__all__ = ["Committer", "Fenced", "LeaseFreeAppender", "QueueWriter", "fence_app", "queue_writer", "queue_writers"]
 
 # An enqueue's append and a cycle's delete of the batches it took touch different files, yet delta-rs
 # may refuse one of two such commits made at once ("a concurrent transaction deleted data this
@@ -400,3 +400,20 @@ def queue_writer(tables: QueueTables, purpose: str, run_id: str = "manual",
             yield writer
         finally:
             del holding[key]
+
+
+@contextmanager
+def queue_writers(all_tables: Sequence[QueueTables], purpose: str, run_id: str = "manual", *,
+                  within: QueueWriter | None = None) -> Iterator[QueueWriter]:
+    """Hold the leases of several queues, taken in one order (by queue name) by every holder that
+    takes more than one: two of them that need the same queues never wait on each other. Yields the
+    writer of the first; the others are in its holding, so `queue_writer(within=...)` finds them. A
+    caller that holds one of them already (`within`) takes the others after it."""
+    by_lease = {tables.uri(LEASE_TABLE): tables for tables in all_tables}
+    ordered = sorted(by_lease.values(), key=lambda tables: (tables.queue, tables.uri(LEASE_TABLE)))
+    with ExitStack() as stack:
+        taken: list[QueueWriter] = []
+        for tables in ordered:
+            taken.append(stack.enter_context(queue_writer(tables, purpose, run_id,
+                                                          within=taken[-1] if taken else within)))
+        yield taken[0]
