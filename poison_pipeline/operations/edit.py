@@ -49,7 +49,7 @@ from poison_pipeline.operations.actions import (
     reused_id,
 )
 from poison_pipeline.operations.redrive import Replacement, redrive_table
-from poison_pipeline.operations.requests import ActionContext, Request, action_id, failure_table, not_blank
+from poison_pipeline.operations.requests import ActionContext, ActionId, FailureTable, Request, not_blank
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import EDITS, QueueTables
@@ -91,9 +91,9 @@ class EditOptions(Request):
     body: str = Field(description="The new body: text, or base64 with encoding base64 (binary bodies).")
     encoding: str = Field(default="utf-8", description="How `body` is written: utf-8 or base64.")
     headers: dict[str, str] = Field(default_factory=dict, description="Headers set; the others are kept.")
-    source: str | None = Field(default=None, description="Only look in this table: poison, dead_letter or "
+    source: FailureTable | None = Field(default=None, description="Only look in this table: poison, dead_letter or "
                                "quarantine (a message in several must name one).")
-    id: str | None = Field(default=None, description="The edit's id; default: a new one. Run again with it, "
+    id: ActionId = Field(default=None, description="The edit's id; default: a new one. Run again with it, "
                            "an interrupted edit completes the message and body it recorded.")
 
     @field_validator("message_id")
@@ -115,16 +115,6 @@ class EditOptions(Request):
             if not key.strip():
                 raise ValueError(f"{key!r}: a header name cannot be empty")
         return value
-
-    @field_validator("source")
-    @classmethod
-    def _source(cls, value: str | None) -> str | None:
-        return None if value is None else failure_table(value)
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str | None) -> str | None:
-        return action_id(value)
 
     @model_validator(mode="after")
     def _decodable(self) -> Self:

@@ -58,7 +58,7 @@ from poison_pipeline.operations.actions import (
 )
 from poison_pipeline.operations.groups import group_id, group_key
 from poison_pipeline.operations.redrive import still_in_place
-from poison_pipeline.operations.requests import ActionContext, action_id, failure_table
+from poison_pipeline.operations.requests import ActionContext, ActionId, FailureTable
 from poison_pipeline.operations.selection import (
     Filters,
     Selection,
@@ -110,17 +110,12 @@ class PurgeResult:
 class PurgeOptions(Filters):
     """What a purge takes besides its queue: the run config of a queue's purge job in Dagster."""
 
-    table: str = Field(description="Where the messages are: poison, dead_letter or quarantine.")
+    table: FailureTable = Field(description="Where the messages are: poison, dead_letter or quarantine.")
     older_than: str = Field(description="Failed more than this long ago: 30d, 12h, 90m, PT1H or seconds.")
     confirm: bool = Field(default=False, description="Delete for good; without it, only report what would be "
                           "deleted (the preview).")
-    id: str | None = Field(default=None, description="The purge's id; default: a new one. Run again with it, "
+    id: ActionId = Field(default=None, description="The purge's id; default: a new one. Run again with it, "
                            "an interrupted purge completes.")
-
-    @field_validator("table")
-    @classmethod
-    def _table(cls, value: str) -> str:
-        return failure_table(value)
 
     @field_validator("older_than", mode="before")
     @classmethod
@@ -134,11 +129,6 @@ class PurgeOptions(Filters):
         if parse_duration(value) < timedelta(0):
             raise ValueError(f"{value!r}: give an age of zero or more (e.g. 30d)")
         return value
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str | None) -> str | None:
-        return action_id(value)
 
 
 class PurgeRequest(PurgeOptions):

@@ -58,7 +58,7 @@ from poison_pipeline.operations.actions import (
     table_version,
 )
 from poison_pipeline.operations.groups import UnknownGroup, group_id, group_key, locate_group
-from poison_pipeline.operations.requests import ActionContext, action_id, failure_table, not_blank
+from poison_pipeline.operations.requests import ActionContext, ActionId, failure_table, not_blank
 from poison_pipeline.operations.selection import (
     Filters,
     Selection,
@@ -159,7 +159,7 @@ class RedriveOptions(Filters):
     force: bool = Field(default=False, description="Also send messages redriven max_redrives times already "
                         "(the loop guard).")
     dry_run: bool = Field(default=False, description="Say what would move; change nothing.")
-    id: str | None = Field(default=None, description="The redrive's id; default: a new one. Run again with it, "
+    id: ActionId = Field(default=None, description="The redrive's id; default: a new one. Run again with it, "
                            "an interrupted redrive completes as it was recorded. With several source tables, "
                            "each has its own: the id and the table (r1-poison).")
 
@@ -197,11 +197,6 @@ class RedriveOptions(Filters):
     @classmethod
     def _to(cls, value: str | None) -> str | None:
         return not_blank(value)
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str | None) -> str | None:
-        return action_id(value)
 
 
 class RedriveRequest(RedriveOptions):

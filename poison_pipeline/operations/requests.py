@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from poison_pipeline.domain.paths import UnsafeName, operator_id
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.actions import default_actor
 
-__all__ = ["ActionContext", "Request", "action_id", "failure_table", "not_blank"]
+__all__ = ["ActionContext", "ActionId", "FailureTable", "Request", "action_id", "failure_table", "not_blank"]
 
 
 class Request(BaseModel):
@@ -60,3 +61,8 @@ def action_id(value: str | None) -> str | None:
         return operator_id(value)
     except UnsafeName as unsafe:  # the field's name is said by whoever shows the error
         raise ValueError(str(unsafe).removeprefix("--id ")) from None
+
+
+# The fields several requests share, checked where they are declared.
+ActionId = Annotated[str | None, AfterValidator(action_id)]
+FailureTable = Annotated[str, AfterValidator(failure_table)]
