@@ -91,10 +91,10 @@ class EditOptions(Request):
     body: str = Field(description="The new body: text, or base64 with encoding base64 (binary bodies).")
     encoding: str = Field(default="utf-8", description="How `body` is written: utf-8 or base64.")
     headers: dict[str, str] = Field(default_factory=dict, description="Headers set; the others are kept.")
-    source: FailureTable | None = Field(default=None, description="Only look in this table: poison, dead_letter or "
-                               "quarantine (a message in several must name one).")
+    source: FailureTable | None = Field(default=None, description="Only look in this table: poison, "
+                                        "dead_letter or quarantine (a message in several must name one).")
     id: ActionId = Field(default=None, description="The edit's id; default: a new one. Run again with it, "
-                           "an interrupted edit completes the message and body it recorded.")
+                         "an interrupted edit completes the message and body it recorded.")
 
     @field_validator("message_id")
     @classmethod

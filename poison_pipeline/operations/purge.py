@@ -115,7 +115,7 @@ class PurgeOptions(Filters):
     confirm: bool = Field(default=False, description="Delete for good; without it, only report what would be "
                           "deleted (the preview).")
     id: ActionId = Field(default=None, description="The purge's id; default: a new one. Run again with it, "
-                           "an interrupted purge completes.")
+                         "an interrupted purge completes.")
 
     @field_validator("older_than", mode="before")
     @classmethod

@@ -115,8 +115,8 @@ class TableRedrive:
         planned, from where and to where it planned it, whatever this call asks (the replacements
         are this call's: an action records only whose body it replaced)."""
         return TableRedrive(recorded["queue"], recorded["from"], recorded["to"],
-                              Selection.of_arguments(recorded.get("selection") or {}), recorded.get("rate"),
-                              recorded.get("limit"), bool(recorded.get("force")), self.replace)
+                            Selection.of_arguments(recorded.get("selection") or {}), recorded.get("rate"),
+                            recorded.get("limit"), bool(recorded.get("force")), self.replace)
 
 
 @dataclass
@@ -150,7 +150,7 @@ class RedriveOptions(Filters):
     """What a redrive takes besides its queue: the run config of a queue's redrive asset in Dagster."""
 
     source_tables: list[str] = Field(default_factory=lambda: list(FAILURE_TABLES), description="The tables the "
-                               "failed messages are taken from: poison, dead_letter, quarantine (one or more).")
+                                     "failed messages are taken from: poison, dead_letter, quarantine (one or more).")
     to: str | None = Field(default=None, description="Another declared queue whose inbound receives them; "
                            "default: the queue's own.")
     rate: float | None = Field(default=None, description="Release this many messages a second (their due "
@@ -160,8 +160,8 @@ class RedriveOptions(Filters):
                         "(the loop guard).")
     dry_run: bool = Field(default=False, description="Say what would move; change nothing.")
     id: ActionId = Field(default=None, description="The redrive's id; default: a new one. Run again with it, "
-                           "an interrupted redrive completes as it was recorded. With several source tables, "
-                           "each has its own: the id and the table (r1-poison).")
+                         "an interrupted redrive completes as it was recorded. With several source tables, "
+                         "each has its own: the id and the table (r1-poison).")
 
     @field_validator("source_tables")
     @classmethod
@@ -302,7 +302,7 @@ def redrive_table(declaration: Declaration, queue: str, source: str, selection: 
     of a caller that holds the queue's lease already (an edit, a completion of interrupted work)."""
     replacements = tuple(sorted((replace or {}).items()))
     request = _checked(declaration, TableRedrive(queue, source, to or queue, selection or Selection(),
-                                                   rate, limit, force, replacements))
+                                                 rate, limit, force, replacements))
     given = operator_id(redrive_id, RedriveError)
     if given is not None and (why := reused_id(declaration, given, queue, KIND)) is not None:
         raise RedriveError(why)
