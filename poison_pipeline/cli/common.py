@@ -13,7 +13,6 @@ from typing import TypeAlias
 
 from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, load_declaration
 from poison_pipeline.domain.durations import parse_time
-from poison_pipeline.domain.paths import UnsafeName, operator_id
 from poison_pipeline.operations.actions import default_actor
 
 PROG = "poison-pipeline"
@@ -102,15 +101,6 @@ def _json_value(value: object) -> object:
 def print_json(data: object) -> None:
     """The `--json` output: times ISO 8601, bytes base64."""
     print(json.dumps(data, default=_json_value, indent=2, ensure_ascii=False))
-
-
-def action_id(text: str) -> str:
-    """An `--id` given to redrive, purge or edit: it names a folder of the lake, so it stays plain
-    (the operations check it again, by the same rule, for callers from Python)."""
-    try:
-        return operator_id(text) or text
-    except UnsafeName as unsafe:
-        raise argparse.ArgumentTypeError(str(unsafe)) from None
 
 
 def moment(text: str) -> datetime:

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from poison_pipeline.domain.durations import when
 from poison_pipeline.operations.groups import FailureGroup
-
-
-def _time(moment: datetime | None) -> str:
-    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _counted(counts: dict[str, int]) -> str:
@@ -46,5 +42,5 @@ def groups_table(groups: Sequence[FailureGroup]) -> Table:
     table.add_column("error, top frame\nmessage types, examples", overflow="fold")
     for group in groups:
         table.add_row(group.id, f"{group.queue}\n{group.table}", str(group.count),
-                      f"{_time(group.first_failure_at)}\n{_time(group.last_failure_at)}", _error_cell(group))
+                      f"{when(group.first_failure_at)}\n{when(group.last_failure_at)}", _error_cell(group))
     return table
