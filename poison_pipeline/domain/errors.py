@@ -9,7 +9,9 @@ import traceback
 from dataclasses import dataclass
 
 from poison_pipeline.domain.imports import import_exception
-from poison_pipeline.domain.policy import Unrecoverable
+from collections.abc import Sequence
+
+from poison_pipeline.domain.policy import Rule, Unrecoverable
 
 _NUMBERS = re.compile(r"\b\d+(\.\d+)?\b")
 _HEX = re.compile(r"\b[0-9a-fA-F]{8,}(-[0-9a-fA-F]{4,})*\b")
@@ -220,14 +222,16 @@ def describe(error: BaseException, own_package: str | None = None) -> ErrorInfo:
 
 
 class Classifier:
-    """Decides whether an error is unrecoverable or points at an outage; built once per worker."""
+    """Decides whether an error is unrecoverable, points at an outage, or which retry rule it
+    falls under; built once per worker."""
 
     def __init__(self, rule: Unrecoverable, outage_errors: list[str] | None = None,
-                 handler: str | None = None) -> None:
+                 handler: str | None = None, rules: Sequence[Rule] = ()) -> None:
         self._types = tuple(import_exception(p) for p in rule.exceptions)
         self._codes = frozenset(rule.codes)
         self._outage = tuple(import_exception(p) for p in outage_errors or [])
         self._own_package = handler_package(handler)
+        self._rules = [(tuple(import_exception(p) for p in r.exceptions), frozenset(r.codes)) for r in rules]
 
     def describe(self, error: BaseException) -> ErrorInfo:
         """`describe`, with the declared handler's package counted as its own code."""
@@ -240,3 +244,11 @@ class Classifier:
 
     def outage(self, error: BaseException) -> bool:
         return bool(self._outage) and isinstance(error, self._outage)
+
+    def rule(self, error: BaseException | None, info: ErrorInfo) -> int | None:
+        """The number of the first retry rule that matches the error (None: none does). `error` is
+        None when only its description is left (a worker it killed): then codes alone match."""
+        for number, (types, codes) in enumerate(self._rules):
+            if (types and error is not None and isinstance(error, types)) or (info.code is not None and info.code in codes):
+                return number
+        return None
