@@ -10,7 +10,12 @@ import pytest
 from poison_pipeline.domain.backoff import Backoff
 from poison_pipeline.domain.declaration import DeclarationError, parse_declaration
 from poison_pipeline.domain.policy import Policy
+from poison_pipeline.domain.durations import spoken
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.history import history
+from poison_pipeline.operations.inspect_message import inspect_message
+from poison_pipeline.text.history import format_history
+from poison_pipeline.text.inspection import format_inspection
 from poison_pipeline_tests.support import HANDLER, attempts_of, places, rows, send
 
 
@@ -116,6 +121,16 @@ def test_a_cycle_stores_each_message_due_after_its_own_backoff_delay(spark, make
     assert again == {f"m{i}": policy.delay_before(2, f"m{i}") for i in range(6)}
     assert all(timedelta(seconds=120) <= d <= timedelta(seconds=240) for d in again.values())
 
+    # Each computed delay is on record: in the attempts ledger, `inspect` and `history`.
+    delays = [a["retry_delay_ms"] for a in attempts_of(declaration, "m3")]
+    assert delays == [due["m3"] / timedelta(milliseconds=1), again["m3"] / timedelta(milliseconds=1)]
+    shown = [f"next retry cycle after {spoken(due['m3'])}", f"next retry cycle after {spoken(again['m3'])}"]
+    inspected = format_inspection(inspect_message(declaration, "m3"), now=start)
+    journey = history(declaration, "m3")
+    assert [e.retry_delay_s for e in journey.events if e.kind == "attempt"] == [d / 1000 for d in delays]
+    for text in (inspected, format_history(journey)):
+        assert all(line in text for line in shown), text
+
 
 def test_a_rule_per_exception_overrides_counts_and_final_disposition(spark, make_declaration):
     declaration = make_declaration(spec({
@@ -130,6 +145,7 @@ def test_a_rule_per_exception_overrides_counts_and_final_disposition(spark, make
     start = datetime.now(UTC)
     run_cycle(spark, declaration, "q", "inbound", now=start)
     assert [len(attempts_of(declaration, m)) for m in ("lookup", "value", "unfixable")] == [1, 3, 1]
+    assert attempts_of(declaration, "unfixable")[0]["error_code"] == "UNFIXABLE"
     waiting = {r["message_id"]: r["due_at"] - start for r in rows(declaration, "retry_1")}
     assert waiting == {"lookup": timedelta(minutes=10), "value": timedelta(minutes=1)}
     assert places(declaration)["unfixable"] == ["poison"]

@@ -65,3 +65,18 @@ def parse_time(text: str) -> datetime:
 def when(moment: datetime | None) -> str:
     """A moment as the operator's output shows it (UTC, to the second); '-' for none."""
     return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def spoken(duration: timedelta) -> str:
+    """A duration as people read it: `850ms`, `45.2s`, `12m 5s`, `3h 20m`, `2d 4h`."""
+    seconds = duration.total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s".replace(".0s", "s")
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count >= 1:
+            parts.append(f"{int(count)}{unit}")
+    return " ".join(parts[:2])

@@ -185,7 +185,7 @@ class Changes:
             pa.array(self.log_durations, pa.float64()),
             outcomes,
             *(_sparse({k: getattr(e, attribute) for k, (_, e) in failed.items() if e is not None}, len(made))
-              for attribute in _ERROR_COLUMNS.values()),
+              for attribute in (*_ERROR_COLUMNS.values(), "code")),
         ]
         values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)

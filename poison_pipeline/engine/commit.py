@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -80,16 +81,28 @@ class _Stream:
 
 
 def _attempt_rows(staged: pads.Dataset, entry: JournalEntry, cycle: int, now: datetime) -> Iterator[pa.RecordBatch]:
-    for batch in _batches(staged, ["message_id", "attempts"]):
+    for batch in _batches(staged, ["message_id", "attempts", "destination", "due_at"]):
+        parents = pc.list_parent_indices(batch["attempts"])
         flat = pc.list_flatten(batch["attempts"])
-        ids = pc.take(batch["message_id"], pc.list_parent_indices(batch["attempts"]))
+        ids = pc.take(batch["message_id"], parents)
         attempts = pa.Table.from_struct_array(flat) if len(flat) else None
         columns: dict[str, pa.Array] = {"message_id": ids}
         for field in schemas.ATTEMPT_FIELDS:
             columns[field.name] = attempts.column(field.name) if attempts else pa.array([], field.type)
+        columns["retry_delay_ms"] = _retry_delays(batch, parents, now)
         built = schemas.project(pa.table(columns), schemas.ATTEMPTS, table=entry.table, cycle=cycle,
                                 run_id=entry.run_id, cycle_seq=entry.seq, date=now.date().isoformat())
         yield from built.to_batches()
+
+
+def _retry_delays(batch: pa.RecordBatch, parents: pa.Array, now: datetime) -> pa.Array:
+    """Per attempt: on each message's last one, the delay before the retry cycle it moved to."""
+    retried = pc.starts_with(batch["destination"], "retry_")
+    waits = pc.divide(pc.cast(pc.subtract(batch["due_at"], pa.scalar(now, schemas.TS)), pa.int64()), 1000.0)
+    per_message = pc.if_else(retried, waits, pa.scalar(None, pa.float64()))
+    owners = parents.to_numpy(zero_copy_only=False)
+    last = np.append(owners[1:] != owners[:-1], True) if len(owners) else np.zeros(0, dtype=bool)
+    return pc.if_else(pa.array(last), pc.take(per_message, parents), pa.scalar(None, pa.float64()))
 
 
 def _projected(staged: pads.Dataset, destination: str, schema: pa.Schema,

@@ -2,7 +2,8 @@
 
 Read with delta-rs and pyarrow only (filters on `message_id`), from:
 - the envelope (`enqueued_at`) of any row that still holds it: `enqueued`;
-- the attempts table: every `attempt` with its table, cycle, outcome, error and run id;
+- the attempts table: every `attempt` with its table, cycle, outcome, error and run id, and the
+  delay computed before the next retry cycle when its cycle moved the message to one;
 - the current rows: `waiting` in inbound or a retry subqueue, `poisoned`, `dead_lettered`,
   `quarantined`, and the processed ledger (`processed`, `dropped`, `duplicate`);
 - `moved`: between the tables of consecutive attempts (the move is timed at the end of the earlier
@@ -18,13 +19,13 @@ Read with delta-rs and pyarrow only (filters on `message_id`), from:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow.dataset as pads
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.durations import when
+from poison_pipeline.domain.durations import spoken, when
 from poison_pipeline.domain.routing import DEAD_LETTER, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import list_actions
 from poison_pipeline.storage.tables import ATTEMPTS, EDITS, QueueTables
@@ -53,6 +54,9 @@ class JourneyEvent:
     batch_id: str | None = None
     actor: str | None = None
     from_table: str | None = None
+    # An attempt after which its cycle moved the message to a retry subqueue: the delay computed
+    # before that retry cycle (the policy's back-off, or a rule's), in seconds.
+    retry_delay_s: float | None = None
     inferred: bool = False  # timed from the evidence around it, not recorded as such
 
 
@@ -169,7 +173,10 @@ def _stay(queue: str, table: str, row: dict[str, Any]) -> JourneyEvent:
 
 
 def _attempt(queue: str, row: dict[str, Any]) -> JourneyEvent:
-    return JourneyEvent(row["started_at"], "attempt", queue, row["table"], f"{row['outcome']}",
+    delay = row.get("retry_delay_ms")
+    detail = row["outcome"] if delay is None else f"{row['outcome']}; next retry cycle after {spoken(timedelta(milliseconds=delay))}"
+    return JourneyEvent(row["started_at"], "attempt", queue, row["table"], detail,
+                        retry_delay_s=None if delay is None else delay / 1000,
                         cycle=row["cycle"], cycle_seq=row.get("cycle_seq"), attempt=row["attempt"],
                         outcome=row["outcome"],
                         error_type=row.get("error_type"), error_message=row.get("error_message"),

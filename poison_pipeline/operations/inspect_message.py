@@ -86,6 +86,9 @@ class AttemptView:
     outcome: str
     error: ErrorView | None
     run_id: str | None
+    # After the cycle's last attempt, when the message moved to a retry subqueue: the delay computed
+    # before that retry cycle, in seconds.
+    retry_delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,7 @@ def _attempt(queue: str, row: dict[str, Any]) -> AttemptView:
         outcome=row["outcome"],
         error=_error(row, "error"),
         run_id=row.get("run_id"),
+        retry_delay_s=None if row.get("retry_delay_ms") is None else row["retry_delay_ms"] / 1000,
     )
 
 

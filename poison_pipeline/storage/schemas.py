@@ -84,6 +84,8 @@ ATTEMPT_FIELDS = [
     pa.field("error_message", pa.string()),
     pa.field("error_stack", pa.string()),
     pa.field("error_signature", pa.string()),
+    # The handler's error code (its exception's `code`), which retry rules and `unrecoverable` match.
+    pa.field("error_code", pa.string()),
 ]
 
 ATTEMPTS = pa.schema(
@@ -92,6 +94,9 @@ ATTEMPTS = pa.schema(
         pa.field("table", pa.string()),
         pa.field("cycle", pa.int32()),
         *ATTEMPT_FIELDS,
+        # On a message's last attempt of a cycle that moved it to a retry subqueue: the delay its
+        # policy computed before that retry cycle (back-off, rules, jitter). Null otherwise.
+        pa.field("retry_delay_ms", pa.float64()),
         pa.field("run_id", pa.string()),
         pa.field("cycle_seq", pa.int64()),
         pa.field("date", pa.string()),

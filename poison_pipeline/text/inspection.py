@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from poison_pipeline.domain.durations import when
+from poison_pipeline.domain.durations import spoken, when
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.operations.inspect_message import ErrorView, Inspection, Location, printable, render_body
 
@@ -52,6 +52,8 @@ def format_inspection(found: Inspection, now: datetime, stacks: bool = False) ->
         lines.append(
             f"    {when(a.started_at)}  {a.queue}/{a.table} cycle {a.cycle} attempt {a.attempt}"
             f"  {a.outcome}" + (f"  {a.duration_ms:.0f}ms" if a.duration_ms is not None else "")
+            + ("" if a.retry_delay_s is None else
+               f"  -> next retry cycle after {spoken(timedelta(seconds=a.retry_delay_s))}")
         )
         lines.extend(_error_text(a.error, stacks, "      "))
     for e in found.edits:
