@@ -34,6 +34,7 @@ from poison_pipeline.cli import (
     maintain,
     purge,
     redrive,
+    simulate,
     status,
     undo,
 )
@@ -58,7 +59,7 @@ __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parse
 
 # In the order `--help` lists them.
 _COMMANDS = (enqueue, status, groups, inspect_message, edit, history, enable, redrive, purge, undo, actions,
-             end_conversation, maintain)
+             end_conversation, maintain, simulate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -309,8 +309,8 @@ class Declaration(BaseModel):
         return self.queues[name]
 
 
-def _format(error: ValidationError, source: str) -> str:
-    lines = [f"invalid declaration {source}:"]
+def _format(error: ValidationError, source: str, what: str = "declaration") -> str:
+    lines = [f"invalid {what} {source}:"]
     for item in error.errors():
         where = field_path(item["loc"])
         # One line per error, whatever an import error or a value quoted in it holds.
@@ -365,15 +365,34 @@ def load_declaration(path: str | os.PathLike[str] | None = None, *, import_code:
     """Load the declaration from `path`, else $POISON_PIPELINE_CONFIG, else ./poison_pipeline.yaml
     (`import_code`: as parse_declaration's)."""
     chosen = declaration_path(path)
-    if not chosen.is_file():
-        raise DeclarationError(f"declaration file {chosen} does not exist")
-    try:
-        data = yaml.safe_load(chosen.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise DeclarationError(f"declaration {chosen} is not UTF-8 text (byte {error.start})") from None
-    except yaml.YAMLError as error:
-        raise DeclarationError(f"declaration {chosen} is not valid YAML: {error}") from None
+    data = _read_yaml(chosen, "declaration")
     return parse_declaration(data, str(chosen), chosen.parent, import_code=import_code)
+
+
+def load_policy(path: str | os.PathLike[str]) -> Policy:
+    """A queue's `policy` from a file of its own (a candidate for `simulate`): the policy's fields at
+    the top level, or under a single `policy` key (a queue's section pasted as it is)."""
+    chosen = Path(path)
+    data = _read_yaml(chosen, "policy")
+    if isinstance(data, dict) and set(data) == {"policy"}:
+        data = data["policy"]
+    if not isinstance(data, dict):
+        raise DeclarationError(f"invalid policy {chosen}: expected a mapping of policy fields at the top level")
+    try:
+        return Policy.model_validate(data, context={IMPORT_CODE: True})
+    except ValidationError as error:
+        raise DeclarationError(_format(error, str(chosen), "policy")) from None
+
+
+def _read_yaml(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise DeclarationError(f"{what} file {path} does not exist")
+    try:
+        return yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise DeclarationError(f"{what} {path} is not UTF-8 text (byte {error.start})") from None
+    except yaml.YAMLError as error:
+        raise DeclarationError(f"{what} {path} is not valid YAML: {error}") from None
 
 
 def declaration_path(path: str | os.PathLike[str] | None = None) -> Path:

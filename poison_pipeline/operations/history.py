@@ -174,7 +174,9 @@ def _stay(queue: str, table: str, row: dict[str, Any]) -> JourneyEvent:
 
 def _attempt(queue: str, row: dict[str, Any]) -> JourneyEvent:
     delay = row.get("retry_delay_ms")
-    detail = row["outcome"] if delay is None else f"{row['outcome']}; next retry cycle after {spoken(timedelta(milliseconds=delay))}"
+    detail = row["outcome"]
+    if delay is not None:
+        detail += f"; next retry cycle after {spoken(timedelta(milliseconds=delay))}"
     return JourneyEvent(row["started_at"], "attempt", queue, row["table"], detail,
                         retry_delay_s=None if delay is None else delay / 1000,
                         cycle=row["cycle"], cycle_seq=row.get("cycle_seq"), attempt=row["attempt"],
