@@ -12,6 +12,7 @@ being replayed. A journey is simulated when its first attempt is in the window (
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -79,27 +80,27 @@ def simulate(declaration: Declaration, queue: str, policy: Policy, *, since: dat
     classifier = RecordedClassifier(policy.unrecoverable, policy.rules)
     failing = journeys.failing()
     recorded = _recorded(tables, journeys, failing)
-    # One value per journey; those that succeeded at their first attempt keep these.
-    count = len(journeys.starts)
-    fates = np.full(count, Fates.PROCESSED.value, dtype=object)
-    was = np.full(count, Fates.PROCESSED.value, dtype=object)
-    made = np.ones(count, dtype=np.int64)
-    seconds = journeys.first_seconds.copy()
-    assumed = np.zeros(count, dtype=bool)
-    groups = np.full(count, NO_GROUP, dtype=object)
-    for index in failing.tolist():
+    firsts = journeys.first_success()
+    done = int(firsts.sum())
+    # Most journeys succeeded at their first attempt: processed under any policy, counted in columns.
+    at_once = pa.table({
+        "message_id": pa.array(journeys.ids[journeys.starts[firsts]], pa.string()),
+        "group": pa.repeat(pa.scalar(NO_GROUP), done), "fate": pa.repeat(pa.scalar(Fates.PROCESSED.value), done),
+        "recorded": pa.repeat(pa.scalar(Fates.PROCESSED.value), done), "attempts": pa.repeat(pa.scalar(1), done),
+        "seconds": pa.array(journeys.first_seconds[firsts], pa.float64()), "assumed": pa.repeat(pa.scalar(False), done),
+        "changed": pa.repeat(pa.scalar(False), done)})
+    replayed: dict[str, list[Any]] = {name: [] for name in at_once.column_names}
+    for index, (tried, signature) in zip(failing.tolist(), journeys.tried(failing, classifier), strict=True):
         message = journeys.ids[journeys.starts[index]]
-        tried, signature = journeys.tried(index, classifier)
         fate = replay(policy, message, tried, finished=recorded[message] != Fates.WAITING)
-        fates[index], was[index], made[index] = fate.outcome.value, recorded[message], fate.attempts
-        seconds[index], assumed[index] = fate.seconds, fate.assumed > 0
-        groups[index] = group_id(signature) if signature else NO_GROUP
-    per_message = pa.table({
-        "message_id": pa.array(journeys.ids[journeys.starts], pa.string()),
-        "group": pa.array(groups, pa.string()), "fate": pa.array(fates, pa.string()),
-        "recorded": pa.array(was, pa.string()), "attempts": made, "seconds": seconds, "assumed": assumed,
-        "changed": (fates != was) & ~np.isin(was, [REDRIVEN, ELSEWHERE]),
-    }).join(_message_types(tables, journeys), "message_id", join_type="left outer")
+        for name, value in (("message_id", message), ("group", group_id(signature) if signature else NO_GROUP),
+                            ("fate", fate.outcome.value), ("recorded", recorded[message]),
+                            ("attempts", fate.attempts), ("seconds", fate.seconds), ("assumed", fate.assumed > 0),
+                            ("changed", recorded[message] not in (REDRIVEN, ELSEWHERE)
+                             and recorded[message] != fate.outcome.value)):
+            replayed[name].append(value)
+    per_message = pa.concat_tables([at_once, pa.table(replayed, schema=at_once.schema)]).join(
+        _message_types(tables, journeys), "message_id", join_type="left outer")
     per_message = per_message.set_column(per_message.schema.get_field_index("message_type"), "message_type",
                                          pc.fill_null(per_message["message_type"], "?"))
     return Simulation(queue, since, per_message.num_rows, attempts.num_rows,
@@ -195,22 +196,32 @@ class _Journeys:
     def failing(self) -> np.ndarray:
         return np.flatnonzero(~self.first_success())
 
-    def tried(self, index: int, classifier: RecordedClassifier) -> tuple[list[Tried], str | None]:
-        """Journey `index`'s attempts as the replay takes them, and its last failure's signature."""
-        start, end = int(self.starts[index]), int(self.ends[index])
-        rows = self.attempts.slice(start, end - start).select(
-            ["outcome", "error_type", "error_code", "error_signature"]).to_pylist()
-        tried = []
-        signature = None
-        for row, seconds in zip(rows, self.durations[start:end].tolist(), strict=True):
-            failed = row["outcome"] != "success"
-            if failed:
-                signature = row["error_signature"]
-                kind, code = row["error_type"], row["error_code"]
-                tried.append(Tried(True, seconds, classifier.rule(kind, code), classifier.unrecoverable(kind, code)))
-            else:
-                tried.append(Tried(False, seconds))
-        return tried, signature
+    def tried(self, failing: np.ndarray, classifier: RecordedClassifier) -> Iterator[tuple[list[Tried], str | None]]:
+        """The attempts of each journey of `failing` as the replay takes them, and its last failure's
+        signature, in the order of `failing`."""
+        lengths = self.ends[failing] - self.starts[failing]
+        firsts = np.cumsum(lengths) - lengths
+        rows = np.repeat(self.starts[failing], lengths) + np.arange(int(lengths.sum())) - np.repeat(firsts, lengths)
+        columns = self.attempts.take(pa.array(rows)).select(
+            ["outcome", "error_type", "error_code", "error_signature"]).to_pydict()
+        outcomes, kinds, codes, signatures = (columns[c] for c in ("outcome", "error_type", "error_code",
+                                                                   "error_signature"))
+        seconds = self.durations[rows].tolist()
+        # Few distinct errors recur: each is classified once.
+        decided: dict[tuple[str | None, str | None], tuple[int | None, bool]] = {}
+        for first, length in zip(firsts.tolist(), lengths.tolist(), strict=True):
+            tried = []
+            signature = None
+            for k in range(first, first + length):
+                if outcomes[k] == "success":
+                    tried.append(Tried(False, seconds[k]))
+                    continue
+                key = (kinds[k], codes[k])
+                if key not in decided:
+                    decided[key] = (classifier.rule(*key), classifier.unrecoverable(*key))
+                signature = signatures[k]
+                tried.append(Tried(True, seconds[k], *decided[key]))
+            yield tried, signature
 
     def last_table(self, index: int) -> str:
         return str(self.attempts["table"][int(self.ends[index]) - 1].as_py())
@@ -258,17 +269,16 @@ def _recorded(tables: QueueTables, journeys: _Journeys, failing: np.ndarray) -> 
 
 
 def _message_types(tables: QueueTables, journeys: _Journeys) -> pa.Table:
-    """Each journey's message type, from the processed ledger and the tables that hold the message."""
-    ids = pa.array(journeys.ids[journeys.starts], pa.string())
+    """Each message's type, from the processed ledger and the tables that hold the message (one
+    row per message id; the join with the journeys leaves out the others)."""
     parts = []
     for table in (PROCESSED, *tables.waiting, DEAD_LETTER, QUARANTINE):
         opened = tables.open_if_exists(table)
-        if opened is None or not len(ids):
+        if opened is None or not len(journeys.starts):
             continue
         dataset = opened.to_pyarrow_dataset()
         if "message_type" in dataset.schema.names:
-            parts.append(dataset.to_table(columns=["message_id", "message_type"],
-                                          filter=pc.field("message_id").isin(ids)))
+            parts.append(dataset.to_table(columns=["message_id", "message_type"]))
     if not parts:
         return pa.table({"message_id": pa.array([], pa.string()), "message_type": pa.array([], pa.string())})
     found = pa.concat_tables(parts)
