@@ -39,7 +39,8 @@ def alert_sensor_name(queue: str, kind: str = QUEUE_DISABLED) -> str:
 
 
 REDRIVE = "redrive"
-OPERATOR_ACTIONS = ("enable", "end_conversation", "edit", "purge", "undo")
+OPERATOR_ACTIONS = ("enable", "end_conversation", "edit", "purge", "undo", "simulate")
+SIMULATION = "policy_simulation"
 # Who launched a run, when its config names nobody: Dagster+ sets dagster/user; a launcher of our own
 # (a script, a sensor) can set ACTOR_TAG, which wins.
 ACTOR_TAG = "poison_pipeline/actor"
@@ -48,6 +49,11 @@ USER_TAG = "dagster/user"
 
 def redrive_asset_key(queue: str) -> AssetKey:
     return AssetKey([queue, REDRIVE])
+
+
+def simulation_asset_key(queue: str) -> AssetKey:
+    """Where the `simulate` job records its report (an asset observed, not one the pipeline makes)."""
+    return AssetKey([queue, SIMULATION])
 
 
 def redrive_job_name(queue: str) -> str:

@@ -373,15 +373,19 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     """A queue's `policy` from a file of its own (a candidate for `simulate`): the policy's fields at
     the top level, or under a single `policy` key (a queue's section pasted as it is)."""
     chosen = Path(path)
-    data = _read_yaml(chosen, "policy")
+    return parse_policy(_read_yaml(chosen, "policy"), str(chosen))
+
+
+def parse_policy(data: Any, source: str = "<dict>") -> Policy:
+    """A policy given as data (`load_policy`), its exception types imported."""
     if isinstance(data, dict) and set(data) == {"policy"}:
         data = data["policy"]
     if not isinstance(data, dict):
-        raise DeclarationError(f"invalid policy {chosen}: expected a mapping of policy fields at the top level")
+        raise DeclarationError(f"invalid policy {source}: expected a mapping of policy fields at the top level")
     try:
         return Policy.model_validate(data, context={IMPORT_CODE: True})
     except ValidationError as error:
-        raise DeclarationError(_format(error, str(chosen), "policy")) from None
+        raise DeclarationError(_format(error, source, "policy")) from None
 
 
 def _read_yaml(path: Path, what: str) -> Any:
