@@ -40,7 +40,7 @@ def failure_group_metadata(groups: list[FailureGroup], shown: int = SHOWN_GROUPS
     for group in groups[:shown]:
         error = f"{group.error_type}: {group.error_message}" if group.signature is not None \
             else f"no error: {', '.join(group.reasons)}"
-        rows.append([group.id, group.signature or "", str(group.count), _time(group.first_failure_at),
+        rows.append([group.as_of, group.signature or "", str(group.count), _time(group.first_failure_at),
                      _time(group.last_failure_at), error, group.top_frame or ""])
     table = _markdown(["group", "signature", "count", "first seen", "last seen", "error", "top frame"], rows)
     if len(groups) > shown:

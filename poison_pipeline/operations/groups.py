@@ -21,7 +21,7 @@ import functools
 import operator
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import pyarrow as pa
@@ -74,6 +74,14 @@ class FailureGroup:
     example_ids: tuple[str, ...]
     # The first example's message as raised, before normalisation.
     example_error_message: str | None = None
+    # The version of the table the group was read at: `id@version` selects only the rows present
+    # then (`redrive --group`, `purge --group`, or `--as-of-version`).
+    version: int | None = None
+
+    @property
+    def as_of(self) -> str:
+        """The group's id with the version it was read at: what an action given it takes."""
+        return self.id if self.version is None else f"{self.id}@{self.version}"
 
 
 def top_frame_of(error_type: str | None, message: str | None, stack: str | None, signature: str | None) -> str | None:
@@ -233,9 +241,10 @@ def _narrow(dataset: pads.Dataset, table: str) -> pa.Table:
 
 
 def _table_groups(tables: QueueTables, table: str) -> list[FailureGroup]:
-    dataset = _dataset(tables, table)
-    if dataset is None:
+    opened = tables.open_if_exists(table)
+    if opened is None:
         return []
+    dataset = opened.to_pyarrow_dataset()
     summaries = summarise(_narrow(dataset, table), FAILED_AT[table])
     wanted = sorted({m for s in summaries if not s.key.startswith(NO_ERROR) for m in s.example_ids})
     errors: dict[tuple[str, str], dict[str, str | None]] = {}
@@ -245,7 +254,7 @@ def _table_groups(tables: QueueTables, table: str) -> list[FailureGroup]:
             columns=["message_id", SIGNATURE, "last_error_type", "last_error_message", "last_error_stack"],
             filter=pc.field("message_id").isin(wanted),
         ))
-    return [_group(tables.queue, table, s, errors) for s in summaries]
+    return [replace(_group(tables.queue, table, s, errors), version=opened.version()) for s in summaries]
 
 
 def _scope(declaration: Declaration, queue: str | None, table: str | None) -> tuple[list[str], list[str]]:

@@ -36,12 +36,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.paths import operator_id
@@ -64,7 +64,7 @@ from poison_pipeline.operations.selection import (
     Selection,
     SelectionError,
     check_table,
-    selected,
+    selected_at,
     selection_filter,
 )
 from poison_pipeline.storage import schemas
@@ -144,6 +144,8 @@ class RedriveResult:
     # Run again with the id of an interrupted redrive: the arguments it recorded that this call differed
     # from (the recorded ones were used), e.g. {"to": "qb"}.
     as_recorded: dict[str, Any] = field(default_factory=dict)
+    # The version of the source table the selection read (with as_of_version: that version).
+    source_version: int | None = None
 
 
 class RedriveOptions(Filters):
@@ -173,6 +175,13 @@ class RedriveOptions(Filters):
         if len(set(value)) != len(value):
             raise ValueError(f"{value!r}: a table is named twice")
         return value
+
+    @model_validator(mode="after")
+    def _one_table_per_version(self) -> Self:
+        if self.selection().as_of_version is not None and len(self.source_tables) > 1:
+            raise ValueError(f"a version is one table's: give as_of_version (or a group@version) with one source "
+                             f"table, not {', '.join(self.source_tables)}")
+        return self
 
     @field_validator("rate", mode="before")
     @classmethod
@@ -339,11 +348,12 @@ class _Plan:
     skipped_processed: int
     skipped_loop_guard: int
     skipped_limit: int
+    source_version: int | None
 
 
 def _plan(declaration: Declaration, request: TableRedrive, tables: QueueTables, redrive_id: str,
           now: datetime) -> _Plan:
-    rows = selected(declaration, request.queue, request.source, request.selection)
+    rows, version = selected_at(declaration, request.queue, request.source, request.selection)
     total = rows.num_rows
     processed = _already_processed(QueueTables.of(declaration, request.to), rows["message_id"])
     rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], value_set=processed)))
@@ -358,7 +368,7 @@ def _plan(declaration: Declaration, request: TableRedrive, tables: QueueTables, 
         skipped_limit = rows.num_rows - request.limit
         rows = rows.slice(0, request.limit)
     return _Plan(_as_inbound(rows, request, redrive_id, now), total, skipped_processed, skipped_guard,
-                 skipped_limit)
+                 skipped_limit, version)
 
 
 def _already_processed(target: QueueTables, ids: pa.ChunkedArray) -> pa.Array:
@@ -570,7 +580,8 @@ def _remove_from_source(writer: QueueWriter, source: str, rows: pa.Table) -> Non
 
 def _plan_counts(plan: _Plan) -> dict[str, int]:
     return {"selected": plan.selected, "skipped_processed": plan.skipped_processed,
-            "skipped_loop_guard": plan.skipped_loop_guard, "skipped_limit": plan.skipped_limit}
+            "skipped_loop_guard": plan.skipped_loop_guard, "skipped_limit": plan.skipped_limit,
+            **({} if plan.source_version is None else {"source_version": plan.source_version})}
 
 
 def _summary(plan: _Plan, request: TableRedrive, redrive_id: str, dry_run: bool) -> RedriveResult:
@@ -585,7 +596,7 @@ def _summary_of(rows: pa.Table, counts: dict[str, int], request: TableRedrive, r
         redrive_id, request.queue, request.source, request.to, dry_run,
         selected=counts.get("selected", 0), moved=rows.num_rows,
         skipped_processed=counts.get("skipped_processed", 0), skipped_loop_guard=counts.get("skipped_loop_guard", 0),
-        skipped_limit=counts.get("skipped_limit", 0),
+        skipped_limit=counts.get("skipped_limit", 0), source_version=counts.get("source_version"),
         by_group=dict(Counter(groups).most_common()),
         by_message_type=dict(Counter(rows["message_type"].to_pylist()).most_common()),
         sample_ids=rows["message_id"].to_pylist()[:SAMPLE],

@@ -33,7 +33,11 @@ def _error_cell(group: FailureGroup) -> Text:
 def groups_table(groups: Sequence[FailureGroup]) -> Table:
     """The groups as a rich table, biggest first; `--json` gives the same data for programs."""
     total = sum(g.count for g in groups)
-    table = Table(title=f"{len(groups)} failure group(s), {total} failed message(s)", title_justify="left",
+    # The versions read: a group given as id@version acts on what was in the table then, no more.
+    read = sorted({(g.queue, g.table, g.version) for g in groups if g.version is not None})
+    versions = ", ".join(f"{queue}/{name} v{version}" for queue, name, version in read)
+    table = Table(title=f"{len(groups)} failure group(s), {total} failed message(s); read {versions}",
+                  title_justify="left",
                   box=box.SIMPLE_HEAD, show_lines=True)
     table.add_column("group", no_wrap=True)
     table.add_column("queue\ntable", overflow="fold")
@@ -41,6 +45,6 @@ def groups_table(groups: Sequence[FailureGroup]) -> Table:
     table.add_column("first failure\nlast failure")
     table.add_column("error, top frame\nmessage types, examples", overflow="fold")
     for group in groups:
-        table.add_row(group.id, f"{group.queue}\n{group.table}", str(group.count),
+        table.add_row(group.as_of, f"{group.queue}\n{group.table}", str(group.count),
                       f"{when(group.first_failure_at)}\n{when(group.last_failure_at)}", _error_cell(group))
     return table
