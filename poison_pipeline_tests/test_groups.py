@@ -393,7 +393,7 @@ def test_the_same_failure_keeps_its_id_in_quarantine(spark: SparkSession, lake: 
 
 GROUP_KEYS = ["id", "queue", "table", "signature", "error_type", "error_message", "top_frame", "count",
               "first_failure_at", "last_failure_at", "message_types", "reasons", "example_ids",
-              "example_error_message", "version"]
+              "example_error_message", "version", "note"]
 
 
 def test_groups_json_is_stable(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,7 @@ from poison_pipeline.domain.errors import NO_ERROR, NO_VALUE, frame_name, normal
 from poison_pipeline.domain.errors import group_id as group_id
 from poison_pipeline.domain.errors import group_key as group_key
 from poison_pipeline.domain.routing import FAILED_AT, FAILURE_TABLES, POISON
+from poison_pipeline.operations.actions import DONE, list_actions
 from poison_pipeline.storage.tables import QueueTables
 
 # The tables whose rows are failures, and the column that says when each row failed (arrived there).
@@ -42,6 +43,21 @@ SIGNATURE = "last_error_signature"
 
 _GROUP_ID = re.compile(r"[0-9a-f]{8}")
 _STACK_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line \d+, in (?P<function>.+)$', re.MULTILINE)
+
+
+# The kind of action a note on a group is (operations/notes.py records it).
+NOTE = "note"
+
+
+@dataclass(frozen=True)
+class GroupNote:
+    """An operator's note on a failure group (`groups note`), the newest recorded in its queue."""
+
+    text: str
+    owner: str | None
+    actor: str
+    at: datetime
+    action_id: str
 
 
 class UnknownGroup(LookupError):  # noqa: N818 - reads as what the operator asked for
@@ -77,6 +93,7 @@ class FailureGroup:
     # The version of the table the group was read at: `id@version` selects only the rows present
     # then (`redrive --group`, `purge --group`, or `--as-of-version`).
     version: int | None = None
+    note: GroupNote | None = None
 
     @property
     def as_of(self) -> str:
@@ -275,9 +292,21 @@ def failure_groups(declaration: Declaration, queue: str | None = None,
     groups: list[FailureGroup] = []
     for name in queues:
         tables = QueueTables.of(declaration, name)
+        notes = group_notes(declaration, name)
         for each in names:
-            groups.extend(_table_groups(tables, each))
+            groups.extend(replace(g, note=notes.get(g.id)) for g in _table_groups(tables, each))
     return _ordered(groups)
+
+
+def group_notes(declaration: Declaration, queue: str) -> dict[str, GroupNote]:
+    """The newest note of each group of `queue` (by group id), from its actions ledger."""
+    notes: dict[str, GroupNote] = {}
+    for action in list_actions(declaration, queue):  # oldest first: the newest is kept
+        if action.kind == NOTE and action.state == DONE:
+            args = action.arguments
+            notes[args["group"]] = GroupNote(args["text"], args.get("owner"), action.actor, action.at,
+                                             action.action_id)
+    return notes
 
 
 # -- selecting a group's rows (redrive, purge) ---------------------------------------------------

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from poison_pipeline.domain.durations import when
-from poison_pipeline.operations.groups import FailureGroup
+from poison_pipeline.operations.groups import FailureGroup, GroupNote
 
 
 def _counted(counts: dict[str, int]) -> str:
@@ -27,7 +27,15 @@ def _error_cell(group: FailureGroup) -> Text:
         cell.append(f"\nreasons: {_counted(group.reasons)}")
     cell.append(f"\ntypes: {_counted(group.message_types)}")
     cell.append(f"\ne.g. {', '.join(group.example_ids)}", style="dim")
+    if group.note is not None:
+        cell.append(f"\nnote: {note_text(group.note)}", style="italic")
     return cell
+
+
+def note_text(note: GroupNote) -> str:
+    """A group's note as one line: the text, its owner, who wrote it and when."""
+    owner = f" (owner: {note.owner})" if note.owner else ""
+    return f"{note.text}{owner} - {note.actor}, {when(note.at)}"
 
 
 def groups_table(groups: Sequence[FailureGroup]) -> Table:
