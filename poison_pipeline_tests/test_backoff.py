@@ -9,8 +9,8 @@ import pytest
 
 from poison_pipeline.domain.backoff import Backoff
 from poison_pipeline.domain.declaration import DeclarationError, parse_declaration
-from poison_pipeline.domain.policy import Policy
 from poison_pipeline.domain.durations import spoken
+from poison_pipeline.domain.policy import Policy
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.history import history
 from poison_pipeline.operations.inspect_message import inspect_message
@@ -109,7 +109,8 @@ def test_a_cycle_stores_each_message_due_after_its_own_backoff_delay(spark, make
     run_cycle(spark, declaration, "q", "inbound", now=start)
     due = {r["message_id"]: r["due_at"] - start for r in rows(declaration, "retry_1")}
     assert due == {f"m{i}": policy.delay_before(1, f"m{i}") for i in range(6)}
-    assert len(set(due.values())) == 6 and all(timedelta(seconds=30) <= d <= timedelta(seconds=60) for d in due.values())
+    assert len(set(due.values())) == 6
+    assert all(timedelta(seconds=30) <= d <= timedelta(seconds=60) for d in due.values())
 
     # A retry cycle takes a cycle's batch whole, once every message of it is due: none waits less
     # than its own delay.

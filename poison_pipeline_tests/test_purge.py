@@ -21,9 +21,10 @@ from pydantic import ValidationError
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
 from poison_pipeline.operations.actions import DONE, PLANNED, Recorded, find_action, list_actions
+from poison_pipeline.operations.archive import apply_retention
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, PurgeRequest, apply_retention, purge_table
+from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, PurgeRequest, purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.operations.undo import undo_action

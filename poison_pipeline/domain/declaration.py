@@ -24,7 +24,8 @@ _QUEUE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 CONFIG_ENV = "POISON_PIPELINE_CONFIG"
 _WORD = re.compile(r"[\w-]+")
 # The tables a declared retention purges: where failed messages stay until someone decides.
-RETENTION_TABLES = FAILURE_TABLES
+# The failure tables, and the messages archived (operations/archive.py: their own retention).
+RETENTION_TABLES = (*FAILURE_TABLES, "archived")
 
 
 class DeclarationError(ValueError):
@@ -213,7 +214,7 @@ class QueueDeclaration(BaseModel):
     def _retention_tables(cls, value: dict[str, timedelta]) -> dict[str, timedelta]:
         for table, age in value.items():
             if table not in RETENTION_TABLES:
-                raise ValueError(f"retention applies to poison, dead_letter or quarantine, not {table!r}")
+                raise ValueError(f"retention applies to poison, dead_letter, quarantine or archived, not {table!r}")
             if age <= timedelta(0):
                 raise ValueError(f"the retention of {table} must be a positive duration (e.g. 30d), not {age}")
         return value

@@ -35,6 +35,7 @@ from poison_pipeline.domain.errors import group_id as group_id
 from poison_pipeline.domain.errors import group_key as group_key
 from poison_pipeline.domain.routing import FAILED_AT, FAILURE_TABLES, POISON
 from poison_pipeline.operations.actions import DONE, list_actions
+from poison_pipeline.operations.archived import archived_mask
 from poison_pipeline.storage.tables import QueueTables
 
 # The tables whose rows are failures, and the column that says when each row failed (arrived there).
@@ -251,7 +252,7 @@ def _dataset(tables: QueueTables, table: str) -> pads.Dataset | None:
 
 
 def _narrow(dataset: pads.Dataset, table: str) -> pa.Table:
-    columns = ["message_id", "message_type", SIGNATURE, FAILED_AT[table]]
+    columns = ["message_id", "batch_id", "message_type", SIGNATURE, FAILED_AT[table]]
     if "reason" in dataset.schema.names:
         columns.append("reason")
     return dataset.to_table(columns=columns)
@@ -262,7 +263,10 @@ def _table_groups(tables: QueueTables, table: str) -> list[FailureGroup]:
     if opened is None:
         return []
     dataset = opened.to_pyarrow_dataset()
-    summaries = summarise(_narrow(dataset, table), FAILED_AT[table])
+    narrow = _narrow(dataset, table)
+    # Archived messages are known and ignored: they leave the groups.
+    narrow = narrow.filter(pc.invert(archived_mask(tables, table, narrow)))
+    summaries = summarise(narrow, FAILED_AT[table])
     wanted = sorted({m for s in summaries if not s.key.startswith(NO_ERROR) for m in s.example_ids})
     errors: dict[tuple[str, str], dict[str, str | None]] = {}
     if wanted:

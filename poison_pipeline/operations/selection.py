@@ -18,6 +18,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_time
 from poison_pipeline.domain.predicates import PredicateError
 from poison_pipeline.domain.routing import FAILED_AT, FAILURE_TABLES
+from poison_pipeline.operations.archived import archived_mask
 from poison_pipeline.operations.groups import UnknownGroup, group_filter
 from poison_pipeline.operations.requests import Request, not_blank
 from poison_pipeline.operations.where import where_filter
@@ -40,6 +41,8 @@ class Selection:
     where: str | None = None
     # The table's version the operator looked at: only rows present in it are taken.
     as_of_version: int | None = None
+    # Archived rows are left out (None); True takes only them (restore, the archive's retention).
+    archived: bool | None = None
 
     def arguments(self) -> dict[str, Any]:
         """The filters given, as JSON-able values (what an action records and an id derives from)."""
@@ -58,7 +61,7 @@ class Selection:
                    message_type=arguments.get("message_type"), conversation=arguments.get("conversation"),
                    failed_after=at("failed_after"), failed_before=at("failed_before"),
                    ids=None if ids is None else tuple(ids), where=arguments.get("where"),
-                   as_of_version=arguments.get("as_of_version"))
+                   as_of_version=arguments.get("as_of_version"), archived=arguments.get("archived"))
 
 
 class Filters(Request):
@@ -198,6 +201,8 @@ def selected_at(declaration: Declaration, queue: str, table: str, selection: Sel
         else target.to_pyarrow_table()
     if selection.as_of_version is not None:
         rows = rows.filter(_in_snapshot(tables, table, target.version(), selection.as_of_version, rows))
+    archived = archived_mask(tables, table, rows)
+    rows = rows.filter(archived if selection.archived else pc.invert(archived))
     version = target.version() if selection.as_of_version is None else selection.as_of_version
     return rows.cast(schema).sort_by([(FAILED_AT[table], "ascending"), ("message_id", "ascending")]), version
 

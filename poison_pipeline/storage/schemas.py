@@ -241,6 +241,23 @@ PURGED = pa.schema(
     ]
 )
 
+# A marker per archived failed message (`archive`): the row stays in its table, left out of groups,
+# checks and selections while its marker is here; `restore` removes the marker.
+ARCHIVED = pa.schema(
+    [
+        pa.field("message_id", pa.string()),
+        pa.field("conversation_id", pa.string()),
+        pa.field("message_type", pa.string()),
+        pa.field("from_table", pa.string()),  # poison, dead_letter or quarantine: where the row is
+        pa.field("batch_id", pa.string()),  # the row's batch there: the marker is that row's only
+        pa.field("failed_at", TS),
+        pa.field("last_error_signature", pa.string()),
+        pa.field("failure_group", pa.string()),
+        pa.field("archived_at", TS),
+        pa.field("action_id", pa.string()),
+    ]
+)
+
 # The intake ledger: one row per batch of messages that entered the queue from outside (an enqueue,
 # a delivery from another queue's transmission, a send that never left, a redrive from or to another
 # queue, negative when they left), so the conservation check knows what was ever accepted.

@@ -41,6 +41,8 @@ TRANSMISSION = "transmission"
 ACTIONS = "actions"
 EDITS = "edits"
 PURGED = "purged"
+# Failed messages an operator archived ("known, ignore it"): a marker per row, which stays where it is.
+ARCHIVED = "archived"
 # The cycle journal: one row per waiting table (storage/journal.py).
 JOURNAL = "journal"
 # Operator actions' plans: one row per part of a plan (storage/plans.py).
@@ -73,6 +75,7 @@ def schema_of(table: str) -> pa.Schema:
         ACTIONS: schemas.ACTIONS,
         EDITS: schemas.EDITS,
         PURGED: schemas.PURGED,
+        ARCHIVED: schemas.ARCHIVED,
         INTAKE: schemas.INTAKE,
         JOURNAL: schemas.JOURNAL,
         PLANS: schemas.PLANS,
@@ -92,7 +95,7 @@ def _quoted(value: str) -> str:
 _ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at",
             ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at", CONVERSATIONS: "at",
             TRANSMISSION: "enqueued_at", ACTIONS: "at", EDITS: "at",
-            PURGED: "purged_at", INTAKE: "at"}
+            PURGED: "purged_at", ARCHIVED: "archived_at", INTAKE: "at"}
 
 
 @dataclass(frozen=True)
@@ -210,7 +213,7 @@ class QueueTables:
     @property
     def all_tables(self) -> tuple[str, ...]:
         return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
-                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED, JOURNAL, PLANS)
+                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED, ARCHIVED, JOURNAL, PLANS)
 
     def __post_init__(self) -> None:
         segment(self.queue, "queue name")
