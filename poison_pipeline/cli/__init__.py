@@ -24,6 +24,7 @@ from deltalake.exceptions import DeltaError
 
 from poison_pipeline.cli import (
     actions,
+    archive,
     edit,
     enable,
     end_conversation,
@@ -58,7 +59,7 @@ __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parse
            "flush_output", "main", "run_console"]
 
 # In the order `--help` lists them.
-_COMMANDS = (enqueue, status, groups, inspect_message, edit, history, enable, redrive, purge, undo, actions,
+_COMMANDS = (enqueue, status, groups, inspect_message, edit, history, enable, redrive, purge, archive, undo, actions,
              end_conversation, maintain, simulate)
 
 

@@ -39,7 +39,7 @@ def alert_sensor_name(queue: str, kind: str = QUEUE_DISABLED) -> str:
 
 
 REDRIVE = "redrive"
-OPERATOR_ACTIONS = ("enable", "end_conversation", "edit", "purge", "undo", "simulate")
+OPERATOR_ACTIONS = ("enable", "end_conversation", "edit", "purge", "archive", "restore", "undo", "simulate")
 SIMULATION = "policy_simulation"
 # Who launched a run, when its config names nobody: Dagster+ sets dagster/user; a launcher of our own
 # (a script, a sensor) can set ACTOR_TAG, which wins.

@@ -1,5 +1,5 @@
 """Operator actions as jobs with typed run config (the Launchpad): enable, end-conversation, edit,
-purge and undo of one queue, each calling the function the CLI calls and recorded in the queue's
+purge, archive, restore and undo of one queue, each calling the function the CLI calls and recorded in the queue's
 actions ledger with the actor and the run id; and simulate, which changes nothing and records its
 report as the metadata of the queue's `policy_simulation` asset. One job per queue and action, so
 every run carries the queue's tag (dagster.yaml: one run per queue at a time)."""
@@ -30,6 +30,17 @@ from poison_pipeline.defs.naming import QUEUE_TAG, operator_job_name, operator_o
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
 from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_policy
 from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.operations.archive import (
+    ARCHIVE,
+    RESTORE,
+    ArchiveOptions,
+    ArchiveRequest,
+    ArchiveResult,
+    RestoreOptions,
+    RestoreRequest,
+    archive,
+    restore,
+)
 from poison_pipeline.operations.edit import EditOptions, EditRequest, edit
 from poison_pipeline.operations.enable import EnableOptions, EnableRequest, enable
 from poison_pipeline.operations.end_conversation import EndConversationOptions, EndConversationRequest, end_conversation
@@ -37,6 +48,7 @@ from poison_pipeline.operations.purge import PurgeOptions, PurgeRequest, purge
 from poison_pipeline.operations.requests import ActionContext, Request
 from poison_pipeline.operations.simulate import simulate
 from poison_pipeline.operations.undo import UndoError, UndoOptions, UndoRequest, find_recorded, undo
+from poison_pipeline.text.archive import format_archive
 from poison_pipeline.text.purge import format_purge
 from poison_pipeline.text.simulation import simulation_markdown
 
@@ -54,6 +66,14 @@ class EditConfig(Config, EditOptions):
 
 
 class PurgeConfig(Config, PurgeOptions):
+    actor: str | None = Field(default=None, description=ACTOR_HELP)
+
+
+class ArchiveConfig(Config, ArchiveOptions):
+    actor: str | None = Field(default=None, description=ACTOR_HELP)
+
+
+class RestoreConfig(Config, RestoreOptions):
     actor: str | None = Field(default=None, description=ACTOR_HELP)
 
 
@@ -131,6 +151,28 @@ def _purge(declaration: Declaration, queue: str) -> Callable[..., Output]:
     return run
 
 
+def _archive(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: ArchiveConfig) -> Output:
+        # Derived from the run: re-executing a failed run completes that archive.
+        request = _request(ArchiveRequest, config, queue=queue, id=config.id or f"{ARCHIVE}-{root_run_id(context)}")
+        return _archived(context, archive(declaration, request, _context(context, config)))
+
+    return run
+
+
+def _restore(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: RestoreConfig) -> Output:
+        request = _request(RestoreRequest, config, queue=queue, id=config.id or f"{RESTORE}-{root_run_id(context)}")
+        return _archived(context, restore(declaration, request, _context(context, config)))
+
+    return run
+
+
+def _archived(context: OpExecutionContext, result: ArchiveResult) -> Output:
+    context.log.info(format_archive(result))
+    return _output(result, **{result.kind + "d": 0 if result.dry_run else result.count})
+
+
 def _undo(declaration: Declaration, queue: str) -> Callable[..., Output]:
     def run(context: OpExecutionContext, config: UndoConfig) -> Output:
         try:
@@ -176,7 +218,10 @@ _ACTIONS: dict[str, tuple[Callable[[Declaration, str], Callable[..., Output]], t
                          "Ends a conversation with an error, dead-lettering its waiting messages."),
     "edit": (_edit, EditConfig, "Replaces a failed message's body and headers and sends it back to the inbound."),
     "purge": (_purge, PurgeConfig, "Deletes failed messages older than an age for good (with confirm: true)."),
-    "undo": (_undo, UndoConfig, "Reverses a redrive, an edit or a purge of the queue."),
+    "archive": (_archive, ArchiveConfig, "Archives failed messages: left out of groups, checks and "
+                "alerts, kept readable, reversible."),
+    "restore": (_restore, RestoreConfig, "Restores archived messages: failures like any other again."),
+    "undo": (_undo, UndoConfig, "Reverses a redrive, an edit, a purge, an archive or a restore of the queue."),
     "simulate": (_simulate, SimulateConfig, "Replays the recorded attempts under a candidate policy; changes nothing."),
 }
 

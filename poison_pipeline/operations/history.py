@@ -13,6 +13,7 @@ Read with delta-rs and pyarrow only (filters on `message_id`), from:
   processed ledger. A redrive by other filters of a message that has since failed again and left
   no row of that batch is not found: the ledger keeps a redrive's filters, not the ids it took;
 - the edits table: `edited` (who, when, the sizes; the bodies are in `inspect`);
+- the `archived` markers: `archived` (while it is; `restore` removes the marker);
 - the `purged` table, when there is one: `purged`.
 """
 
@@ -28,12 +29,13 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import spoken, when
 from poison_pipeline.domain.routing import DEAD_LETTER, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import list_actions
-from poison_pipeline.storage.tables import ATTEMPTS, EDITS, QueueTables
+from poison_pipeline.storage.tables import ARCHIVED, ATTEMPTS, EDITS, QueueTables
 
 PURGED = "purged"
 # Which of two events at the same instant came first.
 _ORDER = {"enqueued": 0, "waiting": 1, "attempt": 2, "moved": 3, "poisoned": 4, "dead_lettered": 4,
-          "quarantined": 4, "edited": 5, "redriven": 6, "processed": 7, "dropped": 7, "duplicate": 7, "purged": 8}
+          "quarantined": 4, "edited": 5, "archived": 5, "redriven": 6, "processed": 7, "dropped": 7, "duplicate": 7,
+          "purged": 8}
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,10 @@ def history(declaration: Declaration, message_id: str) -> Journey:
                 f"body replaced ({row['encoding']}, {len(row['original_body'] or b'')} -> "
                 f"{len(row['new_body'] or b'')} bytes); sent back by {row['redrive_id']}",
                 action_id=row["edit_id"], actor=row["actor"]))
+        for row in tables.message_rows(ARCHIVED, message_id):
+            events.append(JourneyEvent(row["archived_at"], "archived", queue, row["from_table"],
+                                       f"archived in {row['from_table']} (left out of groups, checks and alerts)",
+                                       action_id=row["action_id"], batch_id=row["batch_id"]))
         for row in tables.message_rows(PURGED, message_id):
             at = row.get("purged_at") or row.get("at")
             events.append(JourneyEvent(at, "purged", queue, row.get("table") or row.get("from_table"),

@@ -100,7 +100,7 @@ class UndoOptions(Request):
 
 
 class UndoRequest(UndoOptions):
-    """An undo: a redrive, an edit or a purge reversed."""
+    """An undo: a redrive, an edit, a purge, an archive or a restore reversed."""
 
     queue: str | None = Field(default=None, description="Only an action of this queue.")
 

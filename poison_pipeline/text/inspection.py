@@ -25,6 +25,9 @@ def format_inspection(found: Inspection, now: datetime, stacks: bool = False) ->
         lines.append(f"  ! found in {len(found.locations)} places (expected one)")
     for place in found.locations:
         lines.append(f"  in {place.queue}/{place.table}" + _place_detail(place, now))
+        if place.archived_at is not None:
+            lines.append(f"    archived at {when(place.archived_at)} ({place.archived_by}): left out of groups, "
+                         "checks and alerts until restored")
         counts = [f"{name} {value}" for name, value in (
             ("abort_count", place.abort_count), ("total_abort_count", place.total_abort_count),
             ("move_count", place.move_count)) if value is not None]
