@@ -176,8 +176,8 @@ def test_bad_input_is_refused_before_any_table_changes(lake):
 
 def test_retention_is_declared_validated_and_applied_by_age(lake, tmp_path):
     declaration, between = lake
-    with pytest.raises(DeclarationError, match=r"queues.q.retention .*retention applies to poison, dead_letter "
-                                               r"or quarantine, not 'inbound'"):
+    with pytest.raises(DeclarationError, match=r"queues.q.retention .*retention applies to poison, dead_letter, "
+                                               r"quarantine or archived, not 'inbound'"):
         _declaration(tmp_path / "lake", retention={"inbound": "1d"})
     with pytest.raises(DeclarationError, match="not a duration"):
         _declaration(tmp_path / "lake", retention={"poison": "a while"})
