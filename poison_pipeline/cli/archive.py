@@ -33,24 +33,24 @@ from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.operations.selection import SelectionError
 from poison_pipeline.text.archive import format_archive
 
-_WHAT = {
+_WHAT: dict[str, tuple[str, str, type[ArchiveRequest] | type[RestoreRequest]]] = {
     ARCHIVE: ("archive failed messages: known, left out of groups, checks and alerts; reversible",
               "Archive the messages of QUEUE's poison, dead_letter or quarantine table that match the\n"
               "filters (all must hold): they stay in their table, readable by `inspect` and `history`,\n"
               "but leave the failure groups, the checks, the alerts and the selections of redrive and\n"
               "purge; the conservation line counts them as archived. `restore` brings them back,\n"
               "`undo` reverses the action, and a declared `retention: {archived: AGE}` purges them.",
-              ArchiveRequest, archive),
+              ArchiveRequest),
     "restore": ("restore archived messages: failures like any other again",
                 "Restore the archived messages of QUEUE's poison, dead_letter or quarantine table that\n"
                 "match the filters (all must hold): they are in the failure groups, checks and\n"
                 "selections again. `undo` reverses the action.",
-                RestoreRequest, restore),
+                RestoreRequest),
 }
 
 
 def add_parser(commands: Commands) -> None:
-    for kind, (summary, description, model, _) in _WHAT.items():
+    for kind, (summary, description, model) in _WHAT.items():
         sub = add_command(commands, kind, summary, description, run)
         add_field(sub, model, "queue", metavar="QUEUE")
         add_field(sub, model, "table", "--table", required=True, choices=FAILURE_TABLES)
@@ -62,11 +62,13 @@ def add_parser(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _, _, model, act = _WHAT[args.command]
-    request = request_of(model, args, **ids_of(args))
     declaration = declaration_of(args)
+    context = ActionContext(actor=args.actor)
     try:
-        result = act(declaration, request, ActionContext(actor=args.actor))
+        if args.command == ARCHIVE:
+            result = archive(declaration, request_of(ArchiveRequest, args, **ids_of(args)), context)
+        else:
+            result = restore(declaration, request_of(RestoreRequest, args, **ids_of(args)), context)
     except (ArchiveError, SelectionError) as error:
         raise UsageError(str(error)) from None
     if args.json:
@@ -75,6 +77,6 @@ def run(args: argparse.Namespace) -> int:
         print(format_archive(result))
     if not result.count and not result.already_done:
         complain(args, f"nothing to {args.command}: no {'archived ' if args.command != ARCHIVE else ''}message in "
-                       f"{request.queue}/{request.table} matches the filters")
+                       f"{result.queue}/{result.table} matches the filters")
         return EXIT_INCOMPLETE
     return EXIT_OK

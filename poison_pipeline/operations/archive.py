@@ -274,7 +274,7 @@ def reverse(writer: QueueWriter, action: Action, undo_id: str) -> int:
     before, after = (_markers_at(tables, versions[k]) for k in ("before", "after"))
     removed = before.filter(pc.invert(pc.is_in(row_keys(before), value_set=row_keys(after))))
     writer.append(ARCHIVED, removed.cast(schemas.ARCHIVED), app_id=f"poison_pipeline/{undo_id}", version=1)
-    return removed.num_rows
+    return int(removed.num_rows)
 
 
 def _markers_at(tables: QueueTables, version: int | None) -> pa.Table:

@@ -191,7 +191,8 @@ class _Journeys:
         """Journeys of one attempt that succeeded (most messages): processed under any policy."""
         if not len(self.starts):
             return np.zeros(0, dtype=bool)
-        return ((self.ends - self.starts) == 1) & (self.outcomes[self.starts] == "success") & ~self.redriven
+        once: np.ndarray = ((self.ends - self.starts) == 1) & (self.outcomes[self.starts] == "success") & ~self.redriven
+        return once
 
     def failing(self) -> np.ndarray:
         return np.flatnonzero(~self.first_success())
@@ -237,7 +238,8 @@ def _recorded(tables: QueueTables, journeys: _Journeys, failing: np.ndarray) -> 
         if opened is None or not len(wanted):
             return []
         found = opened.to_pyarrow_dataset().to_table(columns=columns, filter=pc.field("message_id").isin(wanted))
-        return found.to_pylist()
+        listed: list[dict[str, Any]] = found.to_pylist()
+        return listed
 
     for row in rows(PROCESSED, ["message_id", "disposition", "from_table"]):
         if row["from_table"] == POISON:
