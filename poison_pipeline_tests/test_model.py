@@ -66,9 +66,9 @@ S3_BUDGET = (4, 20)
 FINAL = ("done", "undone", "abandoned")
 KINDS = ("never", "always", "fixable")
 # What an operator does, drawn with repeats so that the commands that move messages come often.
-OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit")
+OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "archive", "restore")
 # What a kill or pause interrupts: operator commands mostly, a cycle sometimes.
-INTERRUPTED = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "cycle")
+INTERRUPTED = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "archive", "restore", "cycle")
 
 
 class Violation(AssertionError):
@@ -302,6 +302,15 @@ class LakeModel(RuleBasedStateMachine):
             args["selection"] = {"ids": data.draw(st.lists(st.sampled_from(there), min_size=1, unique=True))}
         return args
 
+    def archive_args(self, data: st.DataObject) -> dict[str, Any]:
+        """An archive or a restore: a failure table's messages, all or some of them."""
+        queue, table = self.failure_place(data)
+        args: dict[str, Any] = {"queue": queue, "table": table, "id": self.choose_id(data, "a")}
+        there = self.ids(queue, table)
+        if there and data.draw(st.booleans()):
+            args["selection"] = {"ids": data.draw(st.lists(st.sampled_from(there), min_size=1, unique=True))}
+        return args
+
     def undo_args(self, data: st.DataObject) -> dict[str, Any] | None:
         recorded = [(a.action_id, a.queue) for a in ms.actions(self.config)]  # oldest first
         if not recorded:
@@ -327,6 +336,8 @@ class LakeModel(RuleBasedStateMachine):
             return op, self.redrive_args(data)
         if op == "purge":
             return op, self.purge_args(data)
+        if op in ("archive", "restore"):
+            return op, self.archive_args(data)
         if op == "edit":
             args = self.edit_args(data, "never" if choices is INTERRUPTED else None)
             return None if args is None else (op, args)
