@@ -14,11 +14,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator, model_validator
 
-from poison_pipeline.domain.durations import LONGEST, parse_duration
+from poison_pipeline.domain.durations import LONGEST, Duration
 
 __all__ = ["Backoff", "Jitter", "JitterKind", "draw"]
-
-Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 
 
 class JitterKind(StrEnum):

@@ -13,9 +13,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from poison_pipeline.domain.durations import Duration
 from poison_pipeline.domain.envelope import shown
 from poison_pipeline.domain.imports import IMPORT_CODE, check_path, import_callable, importing
-from poison_pipeline.domain.policy import Duration, Ordering, PoisonQueuePolicy, Policy
+from poison_pipeline.domain.policy import Ordering, PoisonQueuePolicy, Policy
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.domain.user_code import DEFAULT_HOOK_TIMEOUT
 from poison_pipeline.handlers import batch_size

@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 # A number with no unit is seconds, as in a YAML number or on a command line ("90", "0").
@@ -80,3 +83,7 @@ def spoken(duration: timedelta) -> str:
         if count >= 1:
             parts.append(f"{int(count)}{unit}")
     return " ".join(parts[:2])
+
+
+# A duration field of a declaration: any of `parse_duration`'s forms.
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]

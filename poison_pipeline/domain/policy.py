@@ -5,15 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import StrEnum
 from functools import cached_property
-from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from poison_pipeline.domain.backoff import Backoff
-from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.domain.durations import Duration
 from poison_pipeline.domain.imports import check_path, import_callable, import_exception, importing
-
-Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 
 
 class ReceiveErrorHandling(StrEnum):

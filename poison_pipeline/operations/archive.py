@@ -62,13 +62,17 @@ class ArchiveError(ValueError):
     """An archive or restore that cannot run as asked; the message names the argument."""
 
 
-class ArchiveOptions(Filters):
-    """What an archive takes besides its queue: the run config of a queue's archive job in Dagster."""
+class _Marking(Filters):
+    """What an archive or a restore takes besides its queue: the run config of its Dagster job."""
 
     table: FailureTable = Field(description="Where the messages are: poison, dead_letter or quarantine.")
-    dry_run: bool = Field(default=False, description="Say what would be archived; change nothing.")
-    id: ActionId = Field(default=None, description="The archive's id; default: a new one. Run again with it, an "
-                         "interrupted archive completes.")
+    dry_run: bool = Field(default=False, description="Say what it would change; change nothing.")
+    id: ActionId = Field(default=None, description="The action's id; default: a new one. Run again with it, an "
+                         "interrupted action completes.")
+
+
+class ArchiveOptions(_Marking):
+    """What an archive takes besides its queue: the run config of a queue's archive job in Dagster."""
 
 
 class ArchiveRequest(ArchiveOptions):
@@ -77,13 +81,8 @@ class ArchiveRequest(ArchiveOptions):
     queue: str = Field(description="The queue whose failed messages are archived.")
 
 
-class RestoreOptions(Filters):
+class RestoreOptions(_Marking):
     """What a restore takes besides its queue: the run config of a queue's restore job in Dagster."""
-
-    table: FailureTable = Field(description="Where the archived messages are: poison, dead_letter or quarantine.")
-    dry_run: bool = Field(default=False, description="Say what would be restored; change nothing.")
-    id: ActionId = Field(default=None, description="The restore's id; default: a new one. Run again with it, an "
-                         "interrupted restore completes.")
 
 
 class RestoreRequest(RestoreOptions):
