@@ -153,7 +153,9 @@ def inspect_message(declaration: Declaration, message_id: str, as_of: AsOf = Non
         for place in (*tables.waiting, DEAD_LETTER, QUARANTINE, PROCESSED):
             if table is not None and place != table:
                 continue
-            marks = {(m["from_table"], m["batch_id"]): m for m in _rows(tables, ARCHIVED, message_id, as_of)}
+            # A version is its own table's, not the markers': as of one, archiving is not shown.
+            marked = [] if isinstance(as_of, int) else _rows(tables, ARCHIVED, message_id, as_of)
+            marks = {(m["from_table"], m["batch_id"]): m for m in marked}
             for row in _rows(tables, place, message_id, as_of):
                 mark = marks.get((place, row.get("batch_id"))) or {}
                 locations.append(replace(_location(name, place, row), archived_at=mark.get("archived_at"),
