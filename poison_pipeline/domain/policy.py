@@ -40,6 +40,14 @@ class OnUndefinedError(StrEnum):
     DEAD_LETTER = "dead_letter"
 
 
+class OutageRecovery(StrEnum):
+    # A queue disabled by an outage waits for an operator's `enable` (Service Broker).
+    MANUAL = "manual"
+    # Its sensor tries a few messages every interval and resumes it on a success (NServiceBus's
+    # automatic rate limiting, MassTransit's kill switch, Wolverine's circuit breaker).
+    PROBE = "probe"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -74,6 +82,20 @@ class Unrecoverable(_Matching):
 
 # What a rule may change for the failures it matches.
 OVERRIDES = ("receive_retry_count", "max_retry_cycles", "retry_cycle_delay", "backoff", "receive_error_handling")
+
+
+class Probe(_Strict):
+    """How a queue disabled by an outage is probed (`outage_recovery: probe`)."""
+
+    interval: Duration = timedelta(minutes=5)
+    messages: int = Field(default=1, ge=1, le=1000)
+
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be greater than zero")
+        return value
 
 
 class Rule(_Matching):
@@ -132,6 +154,10 @@ class Policy(_Strict):
     # A sent conversation that fails with an error Service Broker leaves undefined (-8470 target
     # dropped, -8469 altered, -8487 contract dropped): resend its pending messages or dead-letter them.
     on_undefined_error: OnUndefinedError = OnUndefinedError.DEAD_LETTER
+    # What ends an outage: an operator (`enable`), or a probe of `probe.messages` messages every
+    # `probe.interval`, charged nothing, that resumes the queue on its first success.
+    outage_recovery: OutageRecovery = OutageRecovery.MANUAL
+    probe: Probe = Field(default_factory=Probe)
     # Duplicates are detected against messages processed within this window: it bounds what a
     # cycle reads to recent history instead of all of it.
     dedup_window: Duration = timedelta(days=7)

@@ -80,6 +80,9 @@ class CycleSpec:
     crashed: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Checked before every attempt: a worker whose cycle lost its lease stops delivering.
     guard: LeaseGuard | None = None
+    # A probe (engine/cycle.py): try this many messages, return every other one uncharged, and
+    # count the first failure pointing at a dependency as the outage going on.
+    probe: int = 0
     # The lake's (QueueTables.storage_options): the in-flight markers and the staged results are
     # files under its root. Required, so that no delivery opens them without.
     storage_options: dict[str, str] = field(kw_only=True, repr=False)  # credentials: never in a repr
@@ -194,7 +197,8 @@ class Processor:
         self.waiting_order = waiting_tables(spec.policy)
         self.waiting = frozenset(self.waiting_order)
         self._routes: dict[tuple[Outcome, bool, bool, int | None], Route] = {}
-        self.outage = OutageDetector(spec.policy.outage_threshold)
+        self.outage = OutageDetector(1 if spec.probe else spec.policy.outage_threshold)
+        self.probed = 0
         self.tripped = False
         # Messages settled since the last success whose fate an outage would undo.
         self.exposed: list[tuple[Changes, int]] = []
@@ -245,6 +249,9 @@ class Processor:
         # Without screening, ordering or a batch handler, a message that is not expired is delivered
         # at once until an outage trips (what `_early` would decide, without asking it each time).
         screened = any(rows.duplicate or ()) or any(rows.ended or ())
+        if spec.probe:
+            self._probe(rows, batch.num_rows, changes)
+            return changes
         if not (self.screening or screened or self.ordered or self.batch_size) and self.handler is not None:
             self._deliver(rows, range(batch.num_rows), changes)
             return changes
@@ -262,6 +269,18 @@ class Processor:
         if deliverable:
             self._deliver_group(rows, deliverable, changes)
         return changes
+
+    def _probe(self, rows: _Rows, count: int, changes: Changes) -> None:
+        """A probe: its first `spec.probe` messages delivered one by one (a batch handler gets each
+        as a batch of one), every other one returned where it was, uncharged and not attempted."""
+        for i in range(count):
+            if self._routed_early(rows, i, changes):
+                continue
+            if self.probed >= self.spec.probe:
+                changes.uncharge(i)
+                continue
+            self.probed += 1
+            self._deliver(rows, (i,), changes)
 
     def _routed_early(self, rows: _Rows, i: int, changes: Changes) -> bool:
         """Route row `i` if it is not delivered in this cycle (`_early`); say whether it was."""

@@ -23,11 +23,14 @@ def run_cycle(
     now: datetime | None = None,
     run_id: str = "manual",
     on_wait: Callable[[Holder], None] | None = None,
+    *,
+    probe: bool = False,
 ) -> CycleReport:
     """Process the due messages of `table` in `queue` once; safe to re-run after any crash.
 
     Holds the queue's lease throughout: a second starter of any work on this queue waits, then
     fails naming this run (`on_wait` hears of a holder this run waits for). The queue's redrives,
-    edits, purges and undos a kill left half done are completed first."""
+    edits, purges and undos a kill left half done are completed first. `probe`: a probe of a queue
+    an outage disabled, when its policy probes (`outage_recovery: probe`)."""
     return run_engine_cycle(spark, declaration, queue, table, now, run_id, on_wait,
-                            complete_actions=complete_interrupted)
+                            complete_actions=complete_interrupted, probe=probe)
