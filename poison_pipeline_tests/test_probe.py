@@ -3,14 +3,22 @@ disabled, charged nothing, and resumes the queue on a success."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from dagster import DagsterInstance, SensorResult, build_sensor_context
 
+from poison_pipeline.defs.alerts import queue_recovered_sensor
+from poison_pipeline.defs.build import build_definitions
+from poison_pipeline.defs.naming import PROBE_TAG, alert_job_name, job_name
+from poison_pipeline.defs.sensors import decide
+from poison_pipeline.domain.alerts import QUEUE_RECOVERED
 from poison_pipeline.domain.declaration import DeclarationError
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.storage.control import PROBE_FAILED, QUEUE_RECOVERED, queue_state, set_enabled
+from poison_pipeline.storage.control import PROBE_FAILED, queue_state, set_enabled
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline_tests.dagster_support import QUIET
 from poison_pipeline_tests.support import attempts_of, places, rows
 from poison_pipeline_tests.test_outage import Lake, declare, put
 
@@ -105,3 +113,46 @@ def test_on_an_enabled_queue_a_probe_run_is_a_cycle_as_usual(spark, make_declara
 def test_a_bad_probe_is_refused_at_load(make_declaration, probe, says):
     with pytest.raises(DeclarationError, match=says.replace(".", r"\.")):
         declare(make_declaration, outage_recovery="probe", probe=probe)
+
+
+def test_the_inbound_sensor_requests_a_probe_every_interval_while_the_outage_lasts(spark, make_declaration, lake):
+    declaration = declare(make_declaration, **PROBING)
+    policy = declaration.queue("q").policy
+    tables = QueueTables.of(declaration, "q")
+    outage(spark, declaration, lake)
+    now = datetime.now(UTC)
+    first = decide(tables, "inbound", {}, now, policy=policy)
+    assert first.run_key is None and "next probe at" in (first.skip or "")
+    due = decide(tables, "inbound", first.cursor, now + timedelta(seconds=61), policy=policy)
+    assert due.probe and due.run_key is not None and due.run_key.startswith("q/inbound/probe-")
+    soon = decide(tables, "inbound", due.cursor, now + timedelta(seconds=90), policy=policy)
+    assert soon.run_key is None and "next probe at" in (soon.skip or "")
+    assert decide(tables, "inbound", due.cursor, now + timedelta(seconds=122), policy=policy).probe
+
+    # Without the policy (or once enabled), the sensor decides as it always did.
+    assert decide(tables, "inbound", {}, now + timedelta(hours=1)).run_key is None
+    set_enabled(tables, True, "ops", "back")
+    resumed = decide(tables, "inbound", due.cursor, now + timedelta(hours=1), policy=policy)
+    assert not resumed.probe and "probed_at" not in resumed.cursor
+
+
+def test_a_probe_run_in_dagster_resumes_the_queue_and_raises_the_recovery_alert(spark, make_declaration, lake):
+    declaration = declare(make_declaration, **PROBING)
+    outage(spark, declaration, lake)
+    lake.flag.unlink()
+    defs = build_definitions(declaration)
+    with DagsterInstance.ephemeral() as instance:
+        run = defs.resolve_job_def(job_name("q", "inbound")).execute_in_process(
+            instance=instance, run_config=QUIET, tags={PROBE_TAG: "true"})
+        assert run.success
+        assert queue_state(QueueTables.of(declaration, "q")).enabled
+        context = build_sensor_context(instance=instance, cursor=None)
+        result = queue_recovered_sensor(declaration, "q")(context)
+        assert isinstance(result, SensorResult)
+        [request] = result.run_requests
+        alert = defs.resolve_job_def(alert_job_name("q", QUEUE_RECOVERED)).execute_in_process(
+            run_config={**request.run_config, **QUIET}, tags=request.tags, instance=instance)
+        assert alert.success
+    # Only a queue that probes has the recovery alert.
+    manual = build_definitions(declare(make_declaration, outage_threshold=2)).get_repository_def()
+    assert alert_job_name("q", QUEUE_RECOVERED) not in {j.name for j in manual.get_all_jobs()}

@@ -11,6 +11,8 @@ QUEUE_TAG = "poison_pipeline/queue"
 # QUEUE_TAG, and an alert must neither wait behind that queue's cycles nor hold one back.
 ALERT_TAG = "poison_pipeline/alert_queue"
 EVENT_TAG = "poison_pipeline/event_id"
+# A cycle run the inbound sensor requested as a probe of a queue an outage disabled.
+PROBE_TAG = "poison_pipeline/probe"
 # The tags Dagster's sensor daemon puts on the runs it launches. Dagster exports no public name for
 # them; test_alerts checks these against its private ones, so an upgrade that renames them fails there.
 RUN_KEY_TAG = "dagster/run_key"

@@ -16,7 +16,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from poison_pipeline.broker.conversations import end_conversation
-from poison_pipeline.domain.alerts import MESSAGES_FAILED, FailureCount, failures_to_json, summarise_failures
+from poison_pipeline.domain.alerts import (
+    MESSAGES_FAILED,
+    QUEUE_RECOVERED,
+    FailureCount,
+    failures_to_json,
+    summarise_failures,
+)
 from poison_pipeline.domain.conversation_errors import MAX_DESCRIPTION
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.errors import NO_VALUE, group_id, group_key
@@ -26,7 +32,7 @@ from poison_pipeline.engine.changes import decode_sent
 from poison_pipeline.engine.id_hashes import HASH_COLUMN, id_hashes
 from poison_pipeline.engine.staged import dataset as staged_rows
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.control import PROBE_FAILED, QUEUE_DISABLED, QUEUE_RECOVERED, event_row, state_commit
+from poison_pipeline.storage.control import PROBE_FAILED, QUEUE_DISABLED, event_row, state_commit
 from poison_pipeline.storage.events import append_events
 from poison_pipeline.storage.journal import JournalEntry
 from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION, QueueTables, schema_of

@@ -10,6 +10,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from poison_pipeline.domain.alerts import QUEUE_RECOVERED
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.files import rows_where_in
@@ -18,9 +19,8 @@ from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 QUEUE_DISABLED = "queue_disabled"
 QUEUE_ENABLED = "queue_enabled"
-# A queue an outage disabled, resumed by a probe that succeeded (`outage_recovery: probe`): an
-# enable of its own kind, so that it is alerted apart from an operator's `enable`.
-QUEUE_RECOVERED = "queue_recovered"
+# QUEUE_RECOVERED (domain/alerts.py): a probe's enable, of its own kind so that it is alerted apart
+# from an operator's `enable`.
 # A probe that found the outage going on: the queue stays disabled (not a toggle, not alerted).
 PROBE_FAILED = "probe_failed"
 
