@@ -89,6 +89,13 @@ class ActionCompleter(Protocol):
     def __call__(self, declaration: Declaration, writer: QueueWriter, run_id: str) -> Completed: ...
 
 
+class AfterCommit(Protocol):
+    """Operator work that waits for what a cycle did (a ramp's next step), run holding the queue's
+    lease (`writer`) once the cycle's commit landed."""
+
+    def __call__(self, declaration: Declaration, writer: QueueWriter, run_id: str) -> None: ...
+
+
 @dataclass
 class CycleReport:
     queue: str
@@ -182,6 +189,7 @@ def run_cycle(
     on_wait: Callable[[Holder], None] | None = None,
     *,
     complete_actions: ActionCompleter,
+    after_commit: AfterCommit | None = None,
     probe: bool = False,
 ) -> CycleReport:
     """Process the due messages of `table` in `queue` once; safe to re-run after any crash.
@@ -190,7 +198,8 @@ def run_cycle(
     fails naming this run (`on_wait` hears of a holder this run waits for). `complete_actions`
     completes the queue's interrupted operator actions first. `probe`: a queue disabled by an
     outage whose policy says `outage_recovery: probe` tries its `probe.messages` oldest due
-    messages, charged nothing, and resumes on a success (on any other queue, a cycle as usual)."""
+    messages, charged nothing, and resumes on a success (on any other queue, a cycle as usual).
+    `after_commit` runs once the cycle's commit landed, still holding the lease."""
     tables = QueueTables.of(declaration, queue)
     if table not in tables.waiting:
         raise ValueError(f"{table!r} is not a waiting table of {queue!r}: {', '.join(tables.waiting)}")
@@ -198,6 +207,8 @@ def run_cycle(
         tables.ensure()
         with queue_writer(tables, f"{table} cycle", run_id, on_wait) as writer:
             report = _run_held(spark, declaration, writer, table, now, run_id, complete_actions, probe)
+            if after_commit is not None and report.counts:
+                after_commit(declaration, writer, run_id)
             report.cleanup_failures = unfinished_cleanups(declaration, tables)
             return report
     except StorageFailure as failure:

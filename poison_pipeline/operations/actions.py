@@ -148,7 +148,7 @@ def planned_actions(tables: QueueTables, kinds: Sequence[str], *, snapshot: Delt
 # queue's next holder completes them (operations/interrupted.py holds one completion per kind, each
 # in its action's module; a test keeps the two lists equal). The others commit once, or are safe to
 # run again by hand (`end-conversation`), and leave nothing to complete.
-RESUMABLE = ("redrive", "edit", "purge", "archive", "restore", "undo")
+RESUMABLE = ("redrive", "edit", "purge", "archive", "restore", "ramp", "undo")
 KINDS = (*RESUMABLE, "enable", "end_conversation", "note")
 
 

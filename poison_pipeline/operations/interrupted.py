@@ -35,6 +35,7 @@ from poison_pipeline.operations.actions import (
 from poison_pipeline.operations.archive import ArchiveError, complete_interrupted_archive
 from poison_pipeline.operations.edit import EditError, EditNotFound, complete_interrupted_edit, edit_row
 from poison_pipeline.operations.purge import PurgeError
+from poison_pipeline.operations.ramp import complete_interrupted_ramp
 from poison_pipeline.operations.redrive import RedriveError, complete_interrupted_redrive, planned_rows
 from poison_pipeline.operations.undo import UndoError, complete_interrupted_undo
 from poison_pipeline.storage.lease import LeaseHeld
@@ -113,6 +114,7 @@ COMPLETIONS: dict[str, Callable[[Declaration, QueueWriter, Action, str], None]] 
     "purge": _complete_purge,
     "archive": complete_interrupted_archive,
     "restore": complete_interrupted_archive,
+    "ramp": complete_interrupted_ramp,
     "undo": complete_interrupted_undo,
 }
 
