@@ -66,9 +66,10 @@ S3_BUDGET = (4, 20)
 FINAL = ("done", "undone", "abandoned")
 KINDS = ("never", "always", "fixable")
 # What an operator does, drawn with repeats so that the commands that move messages come often.
-OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "archive", "restore")
+OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "archive", "restore", "ramp")
 # What a kill or pause interrupts: operator commands mostly, a cycle sometimes.
-INTERRUPTED = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "archive", "restore", "cycle")
+INTERRUPTED = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "archive", "restore", "ramp",
+               "cycle")
 
 
 class Violation(AssertionError):
@@ -338,6 +339,11 @@ class LakeModel(RuleBasedStateMachine):
             return op, self.purge_args(data)
         if op in ("archive", "restore"):
             return op, self.archive_args(data)
+        if op == "ramp":
+            queue, source = self.failure_place(data)
+            steps = data.draw(st.sampled_from([["1", "all"], ["1", "2", "all"], ["2", "3"]]))
+            return op, {"queue": queue, "source": source, "steps": steps,
+                        "max_failures": data.draw(st.integers(0, 1)), "id": self.choose_id(data, "m")}
         if op == "edit":
             args = self.edit_args(data, "never" if choices is INTERRUPTED else None)
             return None if args is None else (op, args)
@@ -479,8 +485,11 @@ class LakeModel(RuleBasedStateMachine):
         self.settle()
 
     def settle(self) -> None:
-        """Run every queue's cycles, then run again any action left planned, then the strict checks."""
-        for _ in range(2):
+        """Run every queue's cycles, then run again any action left planned, then the strict checks. A
+        ramp goes on a step per inbound cycle: the rounds go on while one runs (its steps are few)."""
+        for round_ in range(8):
+            if round_ >= 2 and not any(a.state == "planned" and a.kind == "ramp" for a in ms.actions(self.config)):
+                break
             for queue in ms.QUEUES:
                 for table in self.waiting(queue):
                     self.run("cycle", {"queue": queue, "table": table, "run_id": "settle"})
