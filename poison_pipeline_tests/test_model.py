@@ -170,8 +170,9 @@ class LakeModel(RuleBasedStateMachine):
             found = self.ids(queue, args["table"])
             if any(a.state == "planned" and a.queue == queue for a in ms.actions(self.config)):
                 # The purge completes its queue's interrupted actions first: an undo among them may
-                # bring back into the table any message of the queue.
-                found = [m for m, where in ms.places(self.config).items() if any(q == queue for q, _ in where)]
+                # bring back into the table any message of the queue, or one its redrive sent to
+                # another queue (`--to`): any message that can reach this queue.
+                found = [m for m in ms.places(self.config) if queue in self.reach[m]]
             for message_id in found:
                 self.purgeable.add((queue, args["table"], message_id))
 
