@@ -56,6 +56,7 @@ BENCHMARKS = (
     Benchmark("object_store_cost", full=("--commits", "150")),
     Benchmark("object_store_cycle"),
     Benchmark("latency"),
+    Benchmark("simulate_cost"),
 )
 
 

@@ -1,6 +1,6 @@
 """`make demo`: 100,000 messages through the example queues, every cycle launched by its sensor,
 then the Service Broker scenarios (conversations in order, an outage, a resend) and an operator
-scene (failure groups, a dry run, a redrive at a rate after a fix)."""
+scene (failure groups, a cut-off, a dry run, a ramped redrive after a fix)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ FAILURE_TABLES = ("poison", "dead_letter", "quarantine")
 LEASE_TABLE = "_lease"
 # Commit points a run of each operation usually makes (a cycle that moves messages, a redrive within
 # its queue): where a kill is drawn before a run of it has been counted.
-USUAL_POINTS = {"cycle": 12, "redrive": 7, "edit": 9, "purge": 6, "undo": 4}
+USUAL_POINTS = {"cycle": 12, "redrive": 7, "edit": 9, "purge": 6, "undo": 4, "archive": 4, "restore": 4, "ramp": 9}
 
 
 def write_declaration(folder: Path, queues: dict[str, dict[str, Any]] | None = None,
@@ -419,6 +419,23 @@ def run_op(config: str, op: str, args: dict[str, Any]) -> str:
         purged = purge_table(declaration, args["queue"], args["table"], timedelta(seconds=args.get("older_than", 0)),
                        selection_of(args.get("selection")), purge_id=args.get("id"), actor="model", run_id="model")
         return f"purge {purged}"
+    if op in ("archive", "restore"):
+        from poison_pipeline.operations import archive as archiving
+        chosen = dict(args.get("selection") or {})
+        if op == "archive":
+            done = archiving.archive(declaration, archiving.ArchiveRequest(
+                queue=args["queue"], table=args["table"], id=args.get("id"), **chosen), _acting())
+        else:
+            done = archiving.restore(declaration, archiving.RestoreRequest(
+                queue=args["queue"], table=args["table"], id=args.get("id"), **chosen), _acting())
+        return f"{op} {done.action_id} count {done.count} already_done={done.already_done}"
+    if op == "ramp":
+        from poison_pipeline.operations.redrive import RedriveRequest, redrive
+        report = redrive(declaration, RedriveRequest(queue=args["queue"], source_tables=[args["source"]],
+                                                     ramp=args["steps"], max_failures=args["max_failures"],
+                                                     id=args.get("id")), _acting())
+        ramp = report.ramp
+        return f"ramp {ramp and ramp.ramp_id} {ramp and ramp.state} step {ramp and ramp.step}"
     if op == "undo":
         from poison_pipeline.operations.undo import undo_action
         return f"undo {undo_action(declaration, args['id'], actor='model', run_id='model')}"
@@ -435,6 +452,11 @@ def run_op(config: str, op: str, args: dict[str, Any]) -> str:
     raise ValueError(f"operation {op!r}")
 
 
+def _acting() -> Any:
+    from poison_pipeline.operations.requests import ActionContext
+    return ActionContext(actor="model", run_id="model")
+
+
 # ---------------------------------------------------------------------------------- child processes
 
 _CONTEXT: Any = None
@@ -447,7 +469,8 @@ def _context() -> Any:
         _CONTEXT.set_forkserver_preload([
             "poison_pipeline_tests.model_support", "poison_pipeline.engine.cycle",
             "poison_pipeline.operations.redrive", "poison_pipeline.operations.edit",
-            "poison_pipeline.operations.purge", "poison_pipeline.operations.undo",
+            "poison_pipeline.operations.purge", "poison_pipeline.operations.undo", "poison_pipeline.operations.archive",
+            "poison_pipeline.operations.ramp",
             "poison_pipeline.operations.enqueue", "poison_pipeline.operations.maintenance",
             "poison_pipeline.operations.end_conversation", "deltalake", "pyarrow.parquet"])
     return _CONTEXT

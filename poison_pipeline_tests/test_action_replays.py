@@ -422,7 +422,8 @@ def test_a_redrive_run_again_by_its_id_with_other_arguments_completes_as_recorde
 def test_a_selection_is_the_one_its_recorded_arguments_name() -> None:
     every_filter = Selection(group="g", error_type="E", message_type="t", conversation="c",
                              failed_after=datetime(2026, 1, 1, tzinfo=UTC),
-                             failed_before=datetime(2026, 2, 1, tzinfo=UTC), ids=("m1", "m2"), where="body_size > 3")
+                             failed_before=datetime(2026, 2, 1, tzinfo=UTC), ids=("m1", "m2"), where="body_size > 3",
+                             as_of_version=4, archived=True)
     assert {f.name for f in dataclasses.fields(Selection)} == set(every_filter.arguments())
     assert Selection.of_arguments(json.loads(json.dumps(every_filter.arguments()))) == every_filter
     assert Selection.of_arguments({}) == Selection()

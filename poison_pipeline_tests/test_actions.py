@@ -60,6 +60,6 @@ def test_beginning_an_action_again_with_its_id_returns_the_recorded_one(tmp_path
 def test_every_resumable_kind_has_its_completion_and_an_undeclared_kind_is_not_recorded(tmp_path):
     assert list(COMPLETIONS) == list(RESUMABLE) and set(RESUMABLE) <= set(KINDS)
     tables = QueueTables.of(load_declaration(write_config(tmp_path)), "q")
-    with queue_writer(tables, "test") as writer, pytest.raises(ValueError, match="action kind 'archive' is not"):
-        begin_action(writer, "archive", "alice", {}, [], action_id="a-1")
+    with queue_writer(tables, "test") as writer, pytest.raises(ValueError, match="action kind 'rename' is not"):
+        begin_action(writer, "rename", "alice", {}, [], action_id="a-1")
     assert find_action(tables, "a-1") is None

@@ -22,6 +22,7 @@ from poison_pipeline.defs.naming import (
     operator_job_name,
     operator_op_name,
     retention_schedule_name,
+    simulation_asset_key,
 )
 from poison_pipeline.operations.actions import DONE, list_actions
 from poison_pipeline.operations.cycle import run_cycle
@@ -82,7 +83,7 @@ def action_of(declaration, kind: str):
 def test_every_operator_job_of_a_queue_carries_its_tag_and_the_retention_schedule_starts_stopped(lake):
     defs = build_definitions(lake)
     for queue in ("q", "other"):
-        for action in ("enable", "end_conversation", "edit", "purge", "undo"):
+        for action in ("enable", "end_conversation", "edit", "purge", "undo", "simulate"):
             assert defs.resolve_job_def(operator_job_name(queue, action)).tags[QUEUE_TAG] == queue
     schedules = {s.name: s for s in defs.get_repository_def().schedule_defs}
     # `other` declares no retention; every queue has its maintenance schedule.
@@ -186,3 +187,26 @@ def test_edit_of_a_binary_body_takes_base64(lake):
     result = launch(lake, "edit", {"message_id": "p-1", "body": body, "encoding": "base64"})
     assert result.success
     assert json.loads(next(r["body"] for r in rows(lake, "inbound") if r["message_id"] == "p-1")) == {"fixed": 2}
+
+
+def test_simulate_records_its_report_as_the_metadata_of_the_queues_simulation_asset(lake):
+    before = table_versions(lake)
+    candidate = "receive_retry_count: 2\nmax_retry_cycles: 1\nreceive_error_handling: reject\n"
+    job = build_definitions(lake).resolve_job_def(operator_job_name("q", "simulate"))
+    with DagsterInstance.ephemeral() as instance:
+        result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=run_config(
+            operator_op_name("q", "simulate"), {"policy_yaml": candidate, "since": "7d"}))
+        assert result.success
+        event = instance.get_latest_materialization_event(simulation_asset_key("q"))
+    assert event is not None and event.run_id == result.run_id
+    metadata = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+    # old, p-0 and p-1 were poisoned after one attempt: the candidate would dead-letter them.
+    assert metadata["messages"] == 3 and metadata["changed"] == 3
+    assert metadata["simulated"] == {"dead_lettered": 3} and metadata["recorded"] == {"poisoned": 3}
+    report = metadata["report"]
+    assert "| message type | failure group | messages |" in report and "| order |" in report
+    assert "never happened" in report
+    assert table_versions(lake) == before
+
+    bad = launch(lake, "simulate", {"policy_yaml": "backoff: {initial: 1m, multiplier: -1}"})
+    assert not bad.success and "backoff.multiplier = -1" in failure_text(bad)

@@ -100,7 +100,7 @@ def test_the_conservation_line_shows_every_ledger_term_and_its_verdict() -> None
     assert balance.accounted == 11
     assert balance.line(received=11) == (
         "q: in 11 = 5 processed + 0 dropped + 0 duplicate + 3 ended + 1 waiting + 0 poison + 2 dead-letter"
-        " + 0 quarantined + 0 purged (= 11)  OK")
+        " + 0 quarantined + 0 archived + 0 purged (= 11)  OK")
     assert balance.line(received=12).endswith("(= 11)  MISMATCH")
 
 

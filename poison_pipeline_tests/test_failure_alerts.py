@@ -293,7 +293,9 @@ def test_every_materialization_of_the_failure_tables_carries_their_groups(tmp_pa
     dead_letter = inbound["dead_letter"]
     assert set(dead_letter) >= GROUP_KEYS
     assert (dead_letter["failure_groups"], dead_letter["failed_messages"], dead_letter["rows"]) == (1, 1, 1)
-    assert f"| {group_id('no-error:expired')} |  | 1 |" in dead_letter["failure_groups_top"]
+    # Each group named with the version of the table read (`id@version`: an action given it takes that snapshot).
+    version = QueueTables.of(declaration, "q").open("dead_letter").version()
+    assert f"| {group_id('no-error:expired')}@{version} |  | 1 |" in dead_letter["failure_groups_top"]
 
     # A disabled queue's poison cycle processes nothing; its materialization still shows the groups.
     set_enabled(QueueTables.of(declaration, "q"), False, "ops", "maintenance")
@@ -301,8 +303,8 @@ def test_every_materialization_of_the_failure_tables_carries_their_groups(tmp_pa
     assert (poison["failure_groups"], poison["failed_messages"], poison["largest_failure_group"]) == (2, 5, 3)
     top = poison["failure_groups_top"]
     [biggest, other] = failure_groups(declaration, "q", "poison")
-    assert f"| {biggest.id} | {biggest.signature} | 3 | {biggest.first_failure_at.isoformat()} |" in top
-    assert f"| {other.id} | {other.signature} | 2 |" in top and "ValueError: message &lt;id&gt; always fails" in top
+    assert f"| {biggest.as_of} | {biggest.signature} | 3 | {biggest.first_failure_at.isoformat()} |" in top
+    assert f"| {other.as_of} | {other.signature} | 2 |" in top and "ValueError: message &lt;id&gt; always fails" in top
 
     set_enabled(QueueTables.of(declaration, "q"), True, "ops", "maintenance over")
     after = materializations(run_cycle_job(defs, instance, "poison"))

@@ -289,7 +289,7 @@ def test_the_dead_letter_asset_carries_its_failure_groups(make_declaration) -> N
     metadata = {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
     assert (metadata["failure_groups"], metadata["failed_messages"], metadata["largest_failure_group"]) == (2, 3, 2)
     top = metadata["failure_groups_top"]
-    assert f"| 01234567 | {SIG_A} | 2 |" in top and "KeyError: &lt;str&gt;" in top
+    assert f"| 01234567@1 | {SIG_A} | 2 |" in top and "KeyError: &lt;str&gt;" in top
 
 
 # -- a real cycle: two bugs, two groups -------------------------------------------------------------
@@ -393,7 +393,7 @@ def test_the_same_failure_keeps_its_id_in_quarantine(spark: SparkSession, lake: 
 
 GROUP_KEYS = ["id", "queue", "table", "signature", "error_type", "error_message", "top_frame", "count",
               "first_failure_at", "last_failure_at", "message_types", "reasons", "example_ids",
-              "example_error_message"]
+              "example_error_message", "version", "note"]
 
 
 def test_groups_json_is_stable(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:

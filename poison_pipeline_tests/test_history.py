@@ -103,7 +103,7 @@ def test_the_cli_prints_history_and_inspect_as_of(journey, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["message_id"] == "m-1" and [e["kind"] for e in out["events"]][-1] == "processed"
     assert {"at", "kind", "queue", "table", "cycle", "attempt", "outcome", "error_type", "error_message",
-            "run_id", "action_id", "batch_id", "actor", "from_table", "inferred", "detail",
+            "run_id", "action_id", "batch_id", "actor", "from_table", "inferred", "detail", "retry_delay_s",
             "cycle_seq"} == set(out["events"][0])
     assert cli.main([*base, "history", "m-1"]) == cli.EXIT_OK
     text = capsys.readouterr().out

@@ -66,9 +66,10 @@ S3_BUDGET = (4, 20)
 FINAL = ("done", "undone", "abandoned")
 KINDS = ("never", "always", "fixable")
 # What an operator does, drawn with repeats so that the commands that move messages come often.
-OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit")
+OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "archive", "restore", "ramp")
 # What a kill or pause interrupts: operator commands mostly, a cycle sometimes.
-INTERRUPTED = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "cycle")
+INTERRUPTED = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "archive", "restore", "ramp",
+               "cycle")
 
 
 class Violation(AssertionError):
@@ -169,8 +170,9 @@ class LakeModel(RuleBasedStateMachine):
             found = self.ids(queue, args["table"])
             if any(a.state == "planned" and a.queue == queue for a in ms.actions(self.config)):
                 # The purge completes its queue's interrupted actions first: an undo among them may
-                # bring back into the table any message of the queue.
-                found = [m for m, where in ms.places(self.config).items() if any(q == queue for q, _ in where)]
+                # bring back into the table any message of the queue, or one its redrive sent to
+                # another queue (`--to`): any message that can reach this queue.
+                found = [m for m in ms.places(self.config) if queue in self.reach[m]]
             for message_id in found:
                 self.purgeable.add((queue, args["table"], message_id))
 
@@ -302,6 +304,15 @@ class LakeModel(RuleBasedStateMachine):
             args["selection"] = {"ids": data.draw(st.lists(st.sampled_from(there), min_size=1, unique=True))}
         return args
 
+    def archive_args(self, data: st.DataObject) -> dict[str, Any]:
+        """An archive or a restore: a failure table's messages, all or some of them."""
+        queue, table = self.failure_place(data)
+        args: dict[str, Any] = {"queue": queue, "table": table, "id": self.choose_id(data, "a")}
+        there = self.ids(queue, table)
+        if there and data.draw(st.booleans()):
+            args["selection"] = {"ids": data.draw(st.lists(st.sampled_from(there), min_size=1, unique=True))}
+        return args
+
     def undo_args(self, data: st.DataObject) -> dict[str, Any] | None:
         recorded = [(a.action_id, a.queue) for a in ms.actions(self.config)]  # oldest first
         if not recorded:
@@ -327,6 +338,13 @@ class LakeModel(RuleBasedStateMachine):
             return op, self.redrive_args(data)
         if op == "purge":
             return op, self.purge_args(data)
+        if op in ("archive", "restore"):
+            return op, self.archive_args(data)
+        if op == "ramp":
+            queue, source = self.failure_place(data)
+            steps = data.draw(st.sampled_from([["1", "all"], ["1", "2", "all"], ["2", "3"]]))
+            return op, {"queue": queue, "source": source, "steps": steps,
+                        "max_failures": data.draw(st.integers(0, 1)), "id": self.choose_id(data, "m")}
         if op == "edit":
             args = self.edit_args(data, "never" if choices is INTERRUPTED else None)
             return None if args is None else (op, args)
@@ -468,8 +486,11 @@ class LakeModel(RuleBasedStateMachine):
         self.settle()
 
     def settle(self) -> None:
-        """Run every queue's cycles, then run again any action left planned, then the strict checks."""
-        for _ in range(2):
+        """Run every queue's cycles, then run again any action left planned, then the strict checks. A
+        ramp goes on a step per inbound cycle: the rounds go on while one runs (its steps are few)."""
+        for round_ in range(8):
+            if round_ >= 2 and not any(a.state == "planned" and a.kind == "ramp" for a in ms.actions(self.config)):
+                break
             for queue in ms.QUEUES:
                 for table in self.waiting(queue):
                     self.run("cycle", {"queue": queue, "table": table, "run_id": "settle"})

@@ -21,9 +21,10 @@ from pydantic import ValidationError
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
 from poison_pipeline.operations.actions import DONE, PLANNED, Recorded, find_action, list_actions
+from poison_pipeline.operations.archive import apply_retention
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, PurgeRequest, apply_retention, purge_table
+from poison_pipeline.operations.purge import RETENTION_ACTOR, PurgeError, PurgeRequest, purge_table
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.selection import Selection, SelectionError
 from poison_pipeline.operations.undo import undo_action
@@ -175,8 +176,8 @@ def test_bad_input_is_refused_before_any_table_changes(lake):
 
 def test_retention_is_declared_validated_and_applied_by_age(lake, tmp_path):
     declaration, between = lake
-    with pytest.raises(DeclarationError, match=r"queues.q.retention .*retention applies to poison, dead_letter "
-                                               r"or quarantine, not 'inbound'"):
+    with pytest.raises(DeclarationError, match=r"queues.q.retention .*retention applies to poison, dead_letter, "
+                                               r"quarantine or archived, not 'inbound'"):
         _declaration(tmp_path / "lake", retention={"inbound": "1d"})
     with pytest.raises(DeclarationError, match="not a duration"):
         _declaration(tmp_path / "lake", retention={"poison": "a while"})

@@ -355,8 +355,8 @@ def test_the_command_undoes_a_purge_and_refuses_bad_input_changing_nothing(lake,
                                                            "nothing changed"), again.stderr
     not_undoable = command(config, "undo", out["undo_id"])
     assert not_undoable.returncode == 2
-    assert (f"action '{out['undo_id']}' is of kind 'undo', which cannot be undone (undo reverses edit, purge, "
-            "redrive)") in not_undoable.stderr
+    assert (f"action '{out['undo_id']}' is of kind 'undo', which cannot be undone (undo reverses archive, edit, "
+            "purge, redrive, restore)") in not_undoable.stderr
     assert table_versions(declaration) == versions
 
 

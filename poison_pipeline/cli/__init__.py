@@ -24,6 +24,7 @@ from deltalake.exceptions import DeltaError
 
 from poison_pipeline.cli import (
     actions,
+    archive,
     edit,
     enable,
     end_conversation,
@@ -34,6 +35,7 @@ from poison_pipeline.cli import (
     maintain,
     purge,
     redrive,
+    simulate,
     status,
     undo,
 )
@@ -57,8 +59,8 @@ __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parse
            "flush_output", "main", "run_console"]
 
 # In the order `--help` lists them.
-_COMMANDS = (enqueue, status, groups, inspect_message, edit, history, enable, redrive, purge, undo, actions,
-             end_conversation, maintain)
+_COMMANDS = (enqueue, status, groups, inspect_message, edit, history, enable, redrive, purge, archive, undo, actions,
+             end_conversation, maintain, simulate)
 
 
 def build_parser() -> argparse.ArgumentParser:

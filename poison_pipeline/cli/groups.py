@@ -1,4 +1,5 @@
-"""`groups [--queue Q] [--table T] [--json]`: failures of poison, dead_letter and quarantine by signature."""
+"""`groups [--queue Q] [--table T] [--json]`: failures of poison, dead_letter and quarantine by signature;
+`groups note GROUP_ID TEXT [--owner NAME] [--queue Q]`: a note on a group."""
 
 from __future__ import annotations
 
@@ -9,9 +10,23 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 
-from poison_pipeline.cli.common import EXIT_OK, Commands, add_command, add_json, check_queue, declaration_of, print_json
+from poison_pipeline.cli.common import (
+    EXIT_CODES,
+    EXIT_OK,
+    Commands,
+    UsageError,
+    add_actor,
+    add_command,
+    add_json,
+    check_queue,
+    declaration_of,
+    print_json,
+)
+from poison_pipeline.cli.requests import add_field, request_of
 from poison_pipeline.domain.routing import FAILURE_TABLES
-from poison_pipeline.operations.groups import failure_groups
+from poison_pipeline.operations.groups import UnknownGroup, failure_groups
+from poison_pipeline.operations.notes import NoteRequest, note_group
+from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.text.groups import groups_table
 
 
@@ -23,14 +38,45 @@ def add_parser(commands: Commands) -> None:
         "frame of the handler's own code. Messages without an error (expired, conversation\n"
         "ended) group by their dead-letter reason. Per group: its id (8 characters, stable; the\n"
         "same failure in two queues or tables has the same id), count, first and last failure\n"
-        "time, message types and three example message ids (the latest). Biggest group first.\n"
-        "Reads narrow columns with delta-rs; changes nothing. Listing no group is a success.",
+        "time, message types and three example message ids (the latest), and its note. Biggest\n"
+        "group first. Each id is shown with the version of the table read (id@version): given so\n"
+        "to redrive or purge, it takes only what that version held. Reads narrow columns with\n"
+        "delta-rs; changes nothing. Listing no group is a success.\n"
+        "`groups note GROUP_ID TEXT` records a note on a group (who owns it, what is known).",
         run,
     )
+    verbs = sub.add_subparsers(dest="verb", metavar="note", required=False)
+    note = verbs.add_parser("note", help="record a note on a failure group", description=(
+        "Record a note on GROUP_ID in the actions ledger of each queue that holds it (or --queue's);\n"
+        "`groups` shows a group's newest note."), epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_field(note, NoteRequest, "group", metavar="GROUP_ID")
+    add_field(note, NoteRequest, "text", metavar="TEXT")
+    add_field(note, NoteRequest, "owner", "--owner", metavar="NAME")
+    add_field(note, NoteRequest, "queue", "--queue", "-q", metavar="QUEUE")
+    add_actor(note)
+    add_json(note)
+    note.set_defaults(run=run_note)
     sub.add_argument("--queue", "-q", metavar="QUEUE", default=None, help="only this queue (default: all)")
     sub.add_argument("--table", "-t", choices=FAILURE_TABLES, default=None,
                      help="only this table (default: all three)")
     add_json(sub, "a table")
+
+
+def run_note(args: argparse.Namespace) -> int:
+    request = request_of(NoteRequest, args)
+    declaration = declaration_of(args)
+    if request.queue is not None:
+        check_queue(declaration, request.queue)
+    try:
+        result = note_group(declaration, request, ActionContext(actor=args.actor))
+    except UnknownGroup as error:
+        raise UsageError(str(error)) from None
+    if args.json:
+        print_json(asdict(result))
+    else:
+        print(f"noted group {result.group} in " + ", ".join(f"{q} ({a})" for q, a in result.action_ids.items()))
+    return EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:

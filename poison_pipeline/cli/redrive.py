@@ -29,7 +29,7 @@ from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.redrive import RedriveError, RedriveRequest, redrive
 from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.operations.selection import SelectionError
-from poison_pipeline.text.redrive import format_redrive
+from poison_pipeline.text.redrive import format_ramp, format_redrive
 
 
 def add_parser(commands: Commands) -> None:
@@ -55,6 +55,8 @@ def add_parser(commands: Commands) -> None:
     add_field(sub, RedriveRequest, "limit", "--limit", metavar="N")
     add_field(sub, RedriveRequest, "id", "--id", metavar="ID")
     add_field(sub, RedriveRequest, "force", "--force", action="store_true")
+    add_field(sub, RedriveRequest, "ramp", "--ramp", metavar="STEPS")
+    add_field(sub, RedriveRequest, "max_failures", "--max-failures", metavar="N", type=int)
     add_actor(sub)
     add_json(sub)
 
@@ -78,6 +80,15 @@ def run(args: argparse.Namespace) -> int:
             report = redrive(declaration, request, ActionContext(actor=args.actor, progress=progress))
     except (RedriveError, SelectionError) as error:
         raise UsageError(str(error)) from None
+    if report.ramp is not None:
+        if args.json:
+            print_json(asdict(report.ramp))
+        else:
+            print(format_ramp(report.ramp))
+        if report.ramp.ramp_id is None:
+            complain(args, f"nothing to move: no message selected in {args.queue}/{request.source_tables[0]}")
+            return EXIT_INCOMPLETE
+        return EXIT_OK
     if args.json:
         results = [asdict(result) for result in report.results]
         print_json(results[0] if len(request.source_tables) == 1 else results)

@@ -20,6 +20,7 @@ def add_selection_arguments(sub: argparse.ArgumentParser, model: type[Filters]) 
     # The ids come from a file: `ids_of` reads it.
     sub.add_argument("--ids", metavar="FILE", dest="ids_file", help="a file of message ids, one a line")
     add_field(sub, model, "where", "--where", metavar="EXPR")
+    add_field(sub, model, "as_of_version", "--as-of-version", metavar="VERSION", type=int)
 
 
 def ids_of(args: argparse.Namespace) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""`undo ACTION_ID`: reverse a redrive, an edit or a purge (itself recorded as an action)."""
+"""`undo ACTION_ID`: reverse a redrive, an edit, a purge, an archive or a restore (itself recorded as an action)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from poison_pipeline.text.undo import format_undo
 
 def add_parser(commands: Commands) -> None:
     sub = add_command(
-        commands, "undo", "reverse a redrive, an edit or a purge (itself recorded as an action)",
+        commands, "undo", "reverse a redrive, an edit, a purge, an archive or a restore (itself recorded as an action)",
         "Undo ACTION_ID. A redrive: move back the messages still where it put them (from the table as\n"
         "it was before, by Delta time travel) and name those that moved on since. An edit: undone\n"
         "through its redrive (the original body comes back). A purge: when no other commit touched its\n"

@@ -51,7 +51,7 @@ from poison_pipeline.defs.naming import (
     alert_sensor_name,
 )
 from poison_pipeline.defs.sensors import parse_cursor
-from poison_pipeline.domain.alerts import MESSAGES_FAILED, FailureCount, QueueEvent, merged_failures
+from poison_pipeline.domain.alerts import MESSAGES_FAILED, QUEUE_RECOVERED, FailureCount, QueueEvent, merged_failures
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.user_code import call_hook
 from poison_pipeline.storage.control import QUEUE_DISABLED
@@ -108,7 +108,8 @@ class AlertDecision:
 
 
 # Why a queue without an events table has nothing to raise yet.
-_NOTHING_YET = {QUEUE_DISABLED: "it was never disabled", MESSAGES_FAILED: "no cycle of it has failed a message"}
+_NOTHING_YET = {QUEUE_DISABLED: "it was never disabled", MESSAGES_FAILED: "no cycle of it has failed a message",
+                QUEUE_RECOVERED: "no probe has resumed it"}
 
 
 def decide_alerts(tables: QueueTables, cursor: dict[str, Any], kind: str = QUEUE_DISABLED) -> AlertDecision:
@@ -202,6 +203,7 @@ def _raised_by_runs(context: SensorEvaluationContext, sensor_name: str, op_name:
 _SENSOR_DESCRIPTIONS = {
     QUEUE_DISABLED: "raises each queue_disabled event once, as a failed alert run.",
     MESSAGES_FAILED: "raises each cycle that poisoned, dead-lettered or quarantined messages once, as an alert run.",
+    QUEUE_RECOVERED: "raises each resumption of the queue by a probe once, as an alert run.",
 }
 
 
@@ -234,6 +236,10 @@ def queue_disabled_sensor(declaration: Declaration, queue: str) -> SensorDefinit
 
 def messages_failed_sensor(declaration: Declaration, queue: str) -> SensorDefinition:
     return alert_sensor(declaration, queue, MESSAGES_FAILED)
+
+
+def queue_recovered_sensor(declaration: Declaration, queue: str) -> SensorDefinition:
+    return alert_sensor(declaration, queue, QUEUE_RECOVERED)
 
 
 def _call_hook(context: OpExecutionContext, hook: str | None, timeout: timedelta, event: QueueEvent
@@ -333,3 +339,23 @@ def messages_failed_job(declaration: Declaration, queue: str) -> JobDefinition:
 
     return _alert_job(queue, MESSAGES_FAILED, raise_messages_failed,
                       f"Raises the cycles of {queue} that failed messages, after the alert hook.")
+
+
+def queue_recovered_job(declaration: Declaration, queue: str) -> JobDefinition:
+    hook = declaration.alert_hook
+
+    @op(name=_op_name(queue, QUEUE_RECOVERED), out=Out(None),
+        description=f"Calls the alert hook with a resumption of {queue} by a probe.")
+    def raise_queue_recovered(context: OpExecutionContext, config: AlertConfig) -> Output[None]:
+        events = config.queue_events(queue)
+        for event in events:
+            context.log.info(event.describe())
+            cause, hook_error = _call_hook(context, hook, declaration.hook_timeout, event)
+            if cause is not None:
+                raise Failure(description=f"{event.describe()}; the alert hook {hook} failed: {hook_error}",
+                              metadata=_failure_metadata(event, hook, hook_error), allow_retries=False) from cause
+        return Output(None, metadata={"event": MetadataValue.text("\n".join(e.describe() for e in events)),
+                                      "alert_hook": MetadataValue.text(hook or "none declared")})
+
+    return _alert_job(queue, QUEUE_RECOVERED, raise_queue_recovered,
+                      f"Raises each resumption of {queue} by a probe, after the alert hook.")

@@ -20,7 +20,7 @@ from poison_pipeline.defs.failure_metadata import (
     ledger_versions,
     table_metadata,
 )
-from poison_pipeline.defs.naming import asset_key
+from poison_pipeline.defs.naming import PROBE_TAG, asset_key
 from poison_pipeline.defs.resources import SparkResource
 from poison_pipeline.defs.waiting_runs import other_work_waiting
 from poison_pipeline.domain.declaration import Declaration
@@ -73,6 +73,8 @@ def cycle_metadata(report: CycleReport) -> dict[str, Any]:
     metadata["skipped"] = MetadataValue.text(report.skipped or "")
     metadata["cleanup_hook_failures"] = MetadataValue.int(len(report.cleanup_failures))
     metadata["interrupted_actions_completed"] = MetadataValue.int(len(report.interrupted.completed))
+    if report.probe:  # a probe of a queue an outage disabled: how many messages it tried at most
+        metadata["probe_messages"] = MetadataValue.int(report.probe)
     if report.interrupted.completed or report.interrupted.abandoned or report.interrupted.left:
         metadata["interrupted_actions"] = MetadataValue.json(
             {"completed": report.interrupted.completed, "abandoned": report.interrupted.abandoned,
@@ -96,11 +98,14 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
     @asset(**_spec(declaration, queue, table, upstream, description, spark=True, extra=senders))
     def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
         before = ledger_versions(declaration, queue)
+        # The inbound sensor's probe of a queue an outage disabled (`outage_recovery: probe`).
+        probe = context.run.tags.get(PROBE_TAG) == "true"
 
         def one_cycle() -> CycleReport:
             report = run_cycle(lambda: spark.spark_session, declaration, queue, table, run_id=context.run.run_id,
                                on_wait=lambda holder: context.log.warning(
-                                   f"{queue}: waiting for the queue's lease, held by {holder.describe()}"))
+                                   f"{queue}: waiting for the queue's lease, held by {holder.describe()}"),
+                               probe=probe)
             if report.skipped:
                 context.log.warning(f"{queue}/{table}: processed nothing: {report.skipped}")
             else:
@@ -108,7 +113,7 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
             return report
 
         report = one_cycle()
-        if stays:
+        if stays and not probe:
             job = context.job_name
             for later in stay(one_cycle, QueueTables.of(declaration, queue), table, seconds=stays,
                               give_way=lambda: other_work_waiting(context.instance, queue, job)):

@@ -11,6 +11,8 @@ from poison_pipeline.defs.alerts import (
     messages_failed_sensor,
     queue_disabled_job,
     queue_disabled_sensor,
+    queue_recovered_job,
+    queue_recovered_sensor,
 )
 from poison_pipeline.defs.assets import queue_assets
 from poison_pipeline.defs.checks import check_keys, queue_checks
@@ -21,6 +23,7 @@ from poison_pipeline.defs.resources import SparkResource
 from poison_pipeline.defs.schedules import maintenance_schedules, retention_schedules
 from poison_pipeline.defs.sensors import transmission_sensor, waiting_sensor
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.policy import OutageRecovery
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
 
@@ -43,6 +46,9 @@ def build_definitions(declaration: Declaration) -> Definitions:
         sensors.append(queue_disabled_sensor(declaration, queue))
         jobs.append(messages_failed_job(declaration, queue))
         sensors.append(messages_failed_sensor(declaration, queue))
+        if declaration.queue(queue).policy.outage_recovery is OutageRecovery.PROBE:
+            jobs.append(queue_recovered_job(declaration, queue))
+            sensors.append(queue_recovered_sensor(declaration, queue))
         # The operator's console: redrive by failure day, actions with typed config, retention.
         assets.append(redrive_asset(declaration, queue))
         jobs += [redrive_job(queue), *operator_jobs(declaration, queue)]

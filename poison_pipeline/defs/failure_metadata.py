@@ -14,6 +14,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, QUARANTINE
 from poison_pipeline.operations.groups import FailureGroup, failure_groups
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.text.groups import note_text
 
 SHOWN_GROUPS = 10
 
@@ -40,9 +41,10 @@ def failure_group_metadata(groups: list[FailureGroup], shown: int = SHOWN_GROUPS
     for group in groups[:shown]:
         error = f"{group.error_type}: {group.error_message}" if group.signature is not None \
             else f"no error: {', '.join(group.reasons)}"
-        rows.append([group.id, group.signature or "", str(group.count), _time(group.first_failure_at),
-                     _time(group.last_failure_at), error, group.top_frame or ""])
-    table = _markdown(["group", "signature", "count", "first seen", "last seen", "error", "top frame"], rows)
+        rows.append([group.as_of, group.signature or "", str(group.count), _time(group.first_failure_at),
+                     _time(group.last_failure_at), error, group.top_frame or "",
+                     "" if group.note is None else note_text(group.note)])
+    table = _markdown(["group", "signature", "count", "first seen", "last seen", "error", "top frame", "note"], rows)
     if len(groups) > shown:
         table += f"\n\n{len(groups) - shown} smaller group(s) not shown: `poison-pipeline groups` lists them all."
     return {

@@ -11,6 +11,8 @@ QUEUE_TAG = "poison_pipeline/queue"
 # QUEUE_TAG, and an alert must neither wait behind that queue's cycles nor hold one back.
 ALERT_TAG = "poison_pipeline/alert_queue"
 EVENT_TAG = "poison_pipeline/event_id"
+# A cycle run the inbound sensor requested as a probe of a queue an outage disabled.
+PROBE_TAG = "poison_pipeline/probe"
 # The tags Dagster's sensor daemon puts on the runs it launches. Dagster exports no public name for
 # them; test_alerts checks these against its private ones, so an upgrade that renames them fails there.
 RUN_KEY_TAG = "dagster/run_key"
@@ -39,7 +41,8 @@ def alert_sensor_name(queue: str, kind: str = QUEUE_DISABLED) -> str:
 
 
 REDRIVE = "redrive"
-OPERATOR_ACTIONS = ("enable", "end_conversation", "edit", "purge", "undo")
+OPERATOR_ACTIONS = ("enable", "end_conversation", "edit", "purge", "archive", "restore", "undo", "simulate")
+SIMULATION = "policy_simulation"
 # Who launched a run, when its config names nobody: Dagster+ sets dagster/user; a launcher of our own
 # (a script, a sensor) can set ACTOR_TAG, which wins.
 ACTOR_TAG = "poison_pipeline/actor"
@@ -48,6 +51,11 @@ USER_TAG = "dagster/user"
 
 def redrive_asset_key(queue: str) -> AssetKey:
     return AssetKey([queue, REDRIVE])
+
+
+def simulation_asset_key(queue: str) -> AssetKey:
+    """Where the `simulate` job records its report (an asset observed, not one the pipeline makes)."""
+    return AssetKey([queue, SIMULATION])
 
 
 def redrive_job_name(queue: str) -> str:

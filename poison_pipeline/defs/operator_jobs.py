@@ -1,15 +1,18 @@
 """Operator actions as jobs with typed run config (the Launchpad): enable, end-conversation, edit,
-purge and undo of one queue, each calling the function the CLI calls and recorded in the queue's
-actions ledger with the actor and the run id. One job per queue and action, so every run carries
-the queue's tag (dagster.yaml: one run per queue at a time)."""
+purge, archive, restore and undo of one queue, each calling the function the CLI calls and recorded in the queue's
+actions ledger with the actor and the run id; and simulate, which changes nothing and records its
+report as the metadata of the queue's `policy_simulation` asset. One job per queue and action, so
+every run carries the queue's tag (dagster.yaml: one run per queue at a time)."""
 
 import json
 from collections.abc import Callable
 from dataclasses import asdict
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+import yaml
 from dagster import (
+    AssetMaterialization,
     Config,
     JobDefinition,
     MetadataValue,
@@ -23,16 +26,31 @@ from dagster import (
 )
 from pydantic import Field
 
-from poison_pipeline.defs.naming import QUEUE_TAG, operator_job_name, operator_op_name
+from poison_pipeline.defs.naming import QUEUE_TAG, operator_job_name, operator_op_name, simulation_asset_key
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
-from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_policy
+from poison_pipeline.domain.durations import parse_duration
+from poison_pipeline.operations.archive import (
+    ARCHIVE,
+    RESTORE,
+    ArchiveOptions,
+    ArchiveRequest,
+    ArchiveResult,
+    RestoreOptions,
+    RestoreRequest,
+    archive,
+    restore,
+)
 from poison_pipeline.operations.edit import EditOptions, EditRequest, edit
 from poison_pipeline.operations.enable import EnableOptions, EnableRequest, enable
 from poison_pipeline.operations.end_conversation import EndConversationOptions, EndConversationRequest, end_conversation
 from poison_pipeline.operations.purge import PurgeOptions, PurgeRequest, purge
 from poison_pipeline.operations.requests import ActionContext, Request
+from poison_pipeline.operations.simulate import simulate
 from poison_pipeline.operations.undo import UndoError, UndoOptions, UndoRequest, find_recorded, undo
+from poison_pipeline.text.archive import format_archive
 from poison_pipeline.text.purge import format_purge
+from poison_pipeline.text.simulation import simulation_markdown
 
 
 class EnableConfig(Config, EnableOptions):
@@ -51,8 +69,22 @@ class PurgeConfig(Config, PurgeOptions):
     actor: str | None = Field(default=None, description=ACTOR_HELP)
 
 
+class ArchiveConfig(Config, ArchiveOptions):
+    actor: str | None = Field(default=None, description=ACTOR_HELP)
+
+
+class RestoreConfig(Config, RestoreOptions):
+    actor: str | None = Field(default=None, description=ACTOR_HELP)
+
+
 class UndoConfig(Config, UndoOptions):
     actor: str | None = Field(default=None, description=ACTOR_HELP)
+
+
+class SimulateConfig(Config):
+    policy_yaml: str = Field(description="The candidate policy as YAML: the fields of a queue's `policy:` section.")
+    since: str | None = Field(default=None, description="Only journeys whose first attempt is this recent "
+                                                         "(90, 30m, 7d); default: every recorded attempt.")
 
 
 def _request(model: type[Request], config: Config, **values: Any) -> Any:
@@ -119,6 +151,28 @@ def _purge(declaration: Declaration, queue: str) -> Callable[..., Output]:
     return run
 
 
+def _archive(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: ArchiveConfig) -> Output:
+        # Derived from the run: re-executing a failed run completes that archive.
+        request = _request(ArchiveRequest, config, queue=queue, id=config.id or f"{ARCHIVE}-{root_run_id(context)}")
+        return _archived(context, archive(declaration, request, _context(context, config)))
+
+    return run
+
+
+def _restore(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: RestoreConfig) -> Output:
+        request = _request(RestoreRequest, config, queue=queue, id=config.id or f"{RESTORE}-{root_run_id(context)}")
+        return _archived(context, restore(declaration, request, _context(context, config)))
+
+    return run
+
+
+def _archived(context: OpExecutionContext, result: ArchiveResult) -> Output:
+    context.log.info(format_archive(result))
+    return _output(result, **{result.kind + "d": 0 if result.dry_run else result.count})
+
+
 def _undo(declaration: Declaration, queue: str) -> Callable[..., Output]:
     def run(context: OpExecutionContext, config: UndoConfig) -> Output:
         try:
@@ -138,13 +192,37 @@ def _undo(declaration: Declaration, queue: str) -> Callable[..., Output]:
     return run
 
 
+def _simulate(declaration: Declaration, queue: str) -> Callable[..., Output]:
+    def run(context: OpExecutionContext, config: SimulateConfig) -> Output:
+        try:
+            data = yaml.safe_load(config.policy_yaml)
+        except yaml.YAMLError as error:
+            raise DeclarationError(f"policy_yaml is not valid YAML: {error}") from None
+        policy = parse_policy(data, "policy_yaml")
+        since = None if config.since is None else datetime.now(UTC) - parse_duration(config.since)
+        found = simulate(declaration, queue, policy, since=since)
+        report = simulation_markdown(found)
+        context.log_event(AssetMaterialization(simulation_asset_key(queue), description="policy simulation", metadata={
+            "report": MetadataValue.md(report), "messages": MetadataValue.int(found.messages),
+            "changed": MetadataValue.int(found.changed), "simulated": MetadataValue.json(found.simulated),
+            "recorded": MetadataValue.json(found.recorded)}))
+        context.log.info(report)
+        return _output(found, messages=found.messages, changed=found.changed)
+
+    return run
+
+
 _ACTIONS: dict[str, tuple[Callable[[Declaration, str], Callable[..., Output]], type[Config], str]] = {
     "enable": (_enable, EnableConfig, "Enables the queue, resuming its cycles."),
     "end_conversation": (_end_conversation, EndConversationConfig,
                          "Ends a conversation with an error, dead-lettering its waiting messages."),
     "edit": (_edit, EditConfig, "Replaces a failed message's body and headers and sends it back to the inbound."),
     "purge": (_purge, PurgeConfig, "Deletes failed messages older than an age for good (with confirm: true)."),
-    "undo": (_undo, UndoConfig, "Reverses a redrive, an edit or a purge of the queue."),
+    "archive": (_archive, ArchiveConfig, "Archives failed messages: left out of groups, checks and "
+                "alerts, kept readable, reversible."),
+    "restore": (_restore, RestoreConfig, "Restores archived messages: failures like any other again."),
+    "undo": (_undo, UndoConfig, "Reverses a redrive, an edit, a purge, an archive or a restore of the queue."),
+    "simulate": (_simulate, SimulateConfig, "Replays the recorded attempts under a candidate policy; changes nothing."),
 }
 
 

@@ -74,6 +74,8 @@ def _metadata(request: RedriveRequest, start: datetime, end: datetime, results: 
         "by_message_type": MetadataValue.json(dict(by_type.most_common())),
         "sample_ids": MetadataValue.json([i for r in results for i in r.sample_ids][:SAMPLE]),
         "by_source": MetadataValue.json({r.source: {"moved": r.moved, "selected": r.selected} for r in results}),
+        # The version of each source table the selection read: what `groups` showed, or the cut-off given.
+        "source_versions": MetadataValue.json({r.source: r.source_version for r in results}),
         # Action ids for `undo` (nothing is recorded for a dry run or a table with nothing to move).
         "redrive_ids": MetadataValue.json([r.action_id for r in results if r.action_id]),
     }

@@ -1,5 +1,5 @@
 """The daily schedules of a queue: retention purges what failed longer ago than the queue's declared
-`retention` (operations/purge.apply_retention), defined only for a queue that declares one;
+`retention` (operations/archive.apply_retention), defined only for a queue that declares one;
 maintenance compacts, checkpoints and vacuums its tables (operations/maintenance.maintain)."""
 
 from dagster import (
@@ -24,8 +24,8 @@ from poison_pipeline.defs.naming import (
     retention_schedule_name,
 )
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.operations.archive import apply_retention
 from poison_pipeline.operations.maintenance import maintain
-from poison_pipeline.operations.purge import apply_retention
 from poison_pipeline.text.maintenance import format_maintained
 from poison_pipeline.text.purge import format_purge
 

@@ -25,9 +25,11 @@ from dagster import (
     sensor,
 )
 
-from poison_pipeline.defs.naming import QUEUE_TAG, job_name, sensor_name
+from poison_pipeline.defs.naming import PROBE_TAG, QUEUE_TAG, job_name, sensor_name
 from poison_pipeline.defs.waiting_runs import run_waiting
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.outage import probed
+from poison_pipeline.domain.policy import Policy
 from poison_pipeline.domain.routing import INBOUND, POISON
 from poison_pipeline.operations.interrupted import interrupted_actions
 from poison_pipeline.storage.control import queue_state
@@ -40,6 +42,8 @@ class Decision:
     run_key: str | None
     cursor: dict[str, Any]
     skip: str | None
+    # The run requested is a probe of a queue an outage disabled (`outage_recovery: probe`).
+    probe: bool = False
 
 
 def parse_cursor(raw: str | None) -> dict[str, Any]:
@@ -58,9 +62,34 @@ _SEEN = ("version", "waiting", "due", "next_due", "run_key", "log_mark", "events
 
 
 def decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetime,
-           last_run_failed: bool = False) -> Decision:
+           last_run_failed: bool = False, policy: Policy | None = None) -> Decision:
     """Whether `table` has due messages that no run was requested for yet, or whose requested run
-    ended without success (`last_run_failed`: killed, failed or canceled)."""
+    ended without success (`last_run_failed`: killed, failed or canceled). With the queue's
+    `policy`: whether an inbound an outage disabled is due for a probe."""
+    decision = _decide(tables, table, cursor, now, last_run_failed)
+    if table != INBOUND or policy is None:
+        return decision
+    return _probe(tables, decision, cursor, policy, now)
+
+
+def _probe(tables: QueueTables, decision: Decision, cursor: dict[str, Any], policy: Policy,
+           now: datetime) -> Decision:
+    """A probe run every `probe.interval` while an outage keeps the queue disabled: counted from
+    the last probe requested, or from when this sensor first saw the queue disabled."""
+    kept = {key: value for key, value in decision.cursor.items() if key not in _PROBE_KEYS}
+    if not probed(policy, decision.cursor.get("disabled") is None, decision.cursor.get("disabled")):
+        return Decision(decision.run_key, kept, decision.skip)
+    since = cursor.get("probed_at") or cursor.get("disabled_since") or now.isoformat()
+    kept.update(disabled_since=cursor.get("disabled_since") or now.isoformat(), probed_at=cursor.get("probed_at"))
+    due = datetime.fromisoformat(since) + policy.probe.interval
+    if now < due:
+        return Decision(None, kept, f"{decision.skip}; next probe at {due.isoformat()}")
+    kept["probed_at"] = now.isoformat()
+    return Decision(f"{tables.queue}/{INBOUND}/probe-{now.isoformat()}", kept, None, probe=True)
+
+
+def _decide(tables: QueueTables, table: str, cursor: dict[str, Any], now: datetime,
+            last_run_failed: bool) -> Decision:
     if _still(tables, table, cursor, now):
         return _answer(tables, table, {key: cursor[key] for key in _SEEN} | {
             "last_run_key": cursor.get("last_run_key")}, cursor, last_run_failed)
@@ -138,6 +167,10 @@ def _request(run_key: str, base: dict[str, Any], cursor: dict[str, Any], last_ru
     return Decision(run_key, {**base, "last_run_key": run_key}, None)
 
 
+# What a probe keeps in the inbound sensor's cursor: when it first saw the queue disabled, and
+# when it last requested a probe.
+_PROBE_KEYS = ("disabled_since", "probed_at")
+
 _ENDED_BADLY = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 
 
@@ -185,11 +218,12 @@ def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDe
         tables = QueueTables.of(declaration, queue)
         cursor = parse_cursor(context.cursor)
         failed = run_ended_badly(context.instance, cursor.get("last_run_key"))
-        decision = decide(tables, table, cursor, datetime.now(UTC), failed)
+        decision = decide(tables, table, cursor, datetime.now(UTC), failed, declaration.queue(queue).policy)
         kept = json.dumps(decision.cursor, sort_keys=True)
         if decision.run_key is None:
             return SensorResult(skip_reason=SkipReason(decision.skip), cursor=kept)
-        request = RunRequest(run_key=decision.run_key, tags={QUEUE_TAG: queue})
+        request = RunRequest(run_key=decision.run_key,
+                             tags={QUEUE_TAG: queue, **({PROBE_TAG: "true"} if decision.probe else {})})
         return SensorResult(run_requests=[request], cursor=kept)
 
     return evaluate

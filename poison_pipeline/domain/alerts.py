@@ -1,5 +1,6 @@
-"""The events the declared alert hook (`alert_hook: module:function`) receives: a queue disabled, or a
-cycle that failed messages (poisoned, dead-lettered or quarantined them)."""
+"""The events the declared alert hook (`alert_hook: module:function`) receives: a queue disabled, a
+cycle that failed messages (poisoned, dead-lettered or quarantined them), or a queue an outage had
+disabled that a probe resumed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from datetime import datetime
 from typing import Any
 
 MESSAGES_FAILED = "messages_failed"
+# A queue an outage disabled, resumed by a probe that succeeded (`outage_recovery: probe`).
+QUEUE_RECOVERED = "queue_recovered"
 
 # How each failure table's arrivals are told: "poisoned 3".
 _VERBS = {"poison": "poisoned", "dead_letter": "dead-lettered", "quarantine": "quarantined"}
@@ -91,6 +94,9 @@ class QueueEvent:
         if self.kind == MESSAGES_FAILED:
             groups = ", ".join(f"{f.group} ({f.table}, {f.count}, {f.error})" for f in self.failures)
             return (f"queue {self.queue!r}: {self.reason}: {groups} (run {self.run_id} at "
+                    f"{self.at.isoformat()}; event {self.event_id})")
+        if self.kind == QUEUE_RECOVERED:
+            return (f"queue {self.queue!r} resumed: {self.reason} (by {self.actor or 'unknown'} at "
                     f"{self.at.isoformat()}; event {self.event_id})")
         where = f", message {self.message_id}" if self.message_id else ""
         where += f" in {self.queue}/{self.table}" if self.table else ""

@@ -13,9 +13,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from poison_pipeline.domain.durations import Duration
 from poison_pipeline.domain.envelope import shown
 from poison_pipeline.domain.imports import IMPORT_CODE, check_path, import_callable, importing
-from poison_pipeline.domain.policy import Duration, Ordering, PoisonQueuePolicy, Policy
+from poison_pipeline.domain.policy import Ordering, PoisonQueuePolicy, Policy
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.domain.user_code import DEFAULT_HOOK_TIMEOUT
 from poison_pipeline.handlers import batch_size
@@ -24,7 +25,8 @@ _QUEUE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 CONFIG_ENV = "POISON_PIPELINE_CONFIG"
 _WORD = re.compile(r"[\w-]+")
 # The tables a declared retention purges: where failed messages stay until someone decides.
-RETENTION_TABLES = FAILURE_TABLES
+# The failure tables, and the messages archived (operations/archive.py: their own retention).
+RETENTION_TABLES = (*FAILURE_TABLES, "archived")
 
 
 class DeclarationError(ValueError):
@@ -213,7 +215,7 @@ class QueueDeclaration(BaseModel):
     def _retention_tables(cls, value: dict[str, timedelta]) -> dict[str, timedelta]:
         for table, age in value.items():
             if table not in RETENTION_TABLES:
-                raise ValueError(f"retention applies to poison, dead_letter or quarantine, not {table!r}")
+                raise ValueError(f"retention applies to poison, dead_letter, quarantine or archived, not {table!r}")
             if age <= timedelta(0):
                 raise ValueError(f"the retention of {table} must be a positive duration (e.g. 30d), not {age}")
         return value
@@ -309,8 +311,8 @@ class Declaration(BaseModel):
         return self.queues[name]
 
 
-def _format(error: ValidationError, source: str) -> str:
-    lines = [f"invalid declaration {source}:"]
+def _format(error: ValidationError, source: str, what: str = "declaration") -> str:
+    lines = [f"invalid {what} {source}:"]
     for item in error.errors():
         where = field_path(item["loc"])
         # One line per error, whatever an import error or a value quoted in it holds.
@@ -365,15 +367,38 @@ def load_declaration(path: str | os.PathLike[str] | None = None, *, import_code:
     """Load the declaration from `path`, else $POISON_PIPELINE_CONFIG, else ./poison_pipeline.yaml
     (`import_code`: as parse_declaration's)."""
     chosen = declaration_path(path)
-    if not chosen.is_file():
-        raise DeclarationError(f"declaration file {chosen} does not exist")
-    try:
-        data = yaml.safe_load(chosen.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise DeclarationError(f"declaration {chosen} is not UTF-8 text (byte {error.start})") from None
-    except yaml.YAMLError as error:
-        raise DeclarationError(f"declaration {chosen} is not valid YAML: {error}") from None
+    data = _read_yaml(chosen, "declaration")
     return parse_declaration(data, str(chosen), chosen.parent, import_code=import_code)
+
+
+def load_policy(path: str | os.PathLike[str]) -> Policy:
+    """A queue's `policy` from a file of its own (a candidate for `simulate`): the policy's fields at
+    the top level, or under a single `policy` key (a queue's section pasted as it is)."""
+    chosen = Path(path)
+    return parse_policy(_read_yaml(chosen, "policy"), str(chosen))
+
+
+def parse_policy(data: Any, source: str = "<dict>") -> Policy:
+    """A policy given as data (`load_policy`), its exception types imported."""
+    if isinstance(data, dict) and set(data) == {"policy"}:
+        data = data["policy"]
+    if not isinstance(data, dict):
+        raise DeclarationError(f"invalid policy {source}: expected a mapping of policy fields at the top level")
+    try:
+        return Policy.model_validate(data, context={IMPORT_CODE: True})
+    except ValidationError as error:
+        raise DeclarationError(_format(error, source, "policy")) from None
+
+
+def _read_yaml(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise DeclarationError(f"{what} file {path} does not exist")
+    try:
+        return yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise DeclarationError(f"{what} {path} is not UTF-8 text (byte {error.start})") from None
+    except yaml.YAMLError as error:
+        raise DeclarationError(f"{what} {path} is not valid YAML: {error}") from None
 
 
 def declaration_path(path: str | os.PathLike[str] | None = None) -> Path:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 # A number with no unit is seconds, as in a YAML number or on a command line ("90", "0").
@@ -65,3 +68,22 @@ def parse_time(text: str) -> datetime:
 def when(moment: datetime | None) -> str:
     """A moment as the operator's output shows it (UTC, to the second); '-' for none."""
     return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def spoken(duration: timedelta) -> str:
+    """A duration as people read it: `850ms`, `45.2s`, `12m 5s`, `3h 20m`, `2d 4h`."""
+    seconds = duration.total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s".replace(".0s", "s")
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count >= 1:
+            parts.append(f"{int(count)}{unit}")
+    return " ".join(parts[:2])
+
+
+# A duration field of a declaration: any of `parse_duration`'s forms.
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]

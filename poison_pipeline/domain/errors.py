@@ -6,10 +6,11 @@ import hashlib
 import re
 import sysconfig
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from poison_pipeline.domain.imports import import_exception
-from poison_pipeline.domain.policy import Unrecoverable
+from poison_pipeline.domain.policy import Rule, Unrecoverable
 
 _NUMBERS = re.compile(r"\b\d+(\.\d+)?\b")
 _HEX = re.compile(r"\b[0-9a-fA-F]{8,}(-[0-9a-fA-F]{4,})*\b")
@@ -220,14 +221,16 @@ def describe(error: BaseException, own_package: str | None = None) -> ErrorInfo:
 
 
 class Classifier:
-    """Decides whether an error is unrecoverable or points at an outage; built once per worker."""
+    """Decides whether an error is unrecoverable, points at an outage, or which retry rule it
+    falls under; built once per worker."""
 
     def __init__(self, rule: Unrecoverable, outage_errors: list[str] | None = None,
-                 handler: str | None = None) -> None:
+                 handler: str | None = None, rules: Sequence[Rule] = ()) -> None:
         self._types = tuple(import_exception(p) for p in rule.exceptions)
         self._codes = frozenset(rule.codes)
         self._outage = tuple(import_exception(p) for p in outage_errors or [])
         self._own_package = handler_package(handler)
+        self._rules = [(tuple(import_exception(p) for p in r.exceptions), frozenset(r.codes)) for r in rules]
 
     def describe(self, error: BaseException) -> ErrorInfo:
         """`describe`, with the declared handler's package counted as its own code."""
@@ -240,3 +243,66 @@ class Classifier:
 
     def outage(self, error: BaseException) -> bool:
         return bool(self._outage) and isinstance(error, self._outage)
+
+    def rule(self, error: BaseException | None, info: ErrorInfo) -> int | None:
+        """The number of the first retry rule that matches the error (None: none does). `error` is
+        None when only its description is left (a worker it killed): then codes alone match."""
+        for number, (types, codes) in enumerate(self._rules):
+            if (types and error is not None and isinstance(error, types)) or (
+                    info.code is not None and info.code in codes):
+                return number
+        return None
+
+
+class RecordedClassifier:
+    """`Classifier`'s decisions for an error known only by what the attempts ledger recorded: its
+    type's name (`module.Qualname`) and its code. The type is imported again when it can be, so that
+    subclasses match as they do live; a type that cannot be imported matches by its name only."""
+
+    def __init__(self, rule: Unrecoverable, rules: Sequence[Rule] = ()) -> None:
+        self._unrecoverable = _Named(rule.exceptions, rule.codes)
+        self._rules = [_Named(r.exceptions, r.codes) for r in rules]
+        self._types: dict[str, type[BaseException] | None] = {}
+
+    def unrecoverable(self, type_name: str | None, code: str | None) -> bool:
+        return self._unrecoverable.matches(self._type(type_name), type_name, code)
+
+    def rule(self, type_name: str | None, code: str | None) -> int | None:
+        kind = self._type(type_name)
+        for number, named in enumerate(self._rules):
+            if named.matches(kind, type_name, code):
+                return number
+        return None
+
+    def _type(self, name: str | None) -> type[BaseException] | None:
+        if name is None:
+            return None
+        if name not in self._types:
+            self._types[name] = _recorded_type(name)
+        return self._types[name]
+
+
+class _Named:
+    def __init__(self, paths: Sequence[str], codes: Sequence[str]) -> None:
+        self.types = tuple(import_exception(p) for p in paths)
+        self.names = frozenset(p.replace(":", ".") for p in paths)
+        self.codes = frozenset(codes)
+
+    def matches(self, kind: type[BaseException] | None, name: str | None, code: str | None) -> bool:
+        if code is not None and code in self.codes:
+            return True
+        if kind is not None:
+            return issubclass(kind, self.types) if self.types else False
+        return name is not None and name in self.names
+
+
+def _recorded_type(name: str) -> type[BaseException] | None:
+    """The exception class a recorded type name (`describe`'s `type`) names, if it can be imported."""
+    parts = name.split(".")
+    candidates = [f"{'.'.join(parts[:i])}:{'.'.join(parts[i:])}" for i in range(len(parts) - 1, 0, -1)]
+    for path in candidates if len(parts) > 1 else [name]:
+        try:
+            return import_exception(path)
+        except ValueError:
+            continue
+    return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from poison_pipeline.domain.policy import OutageRecovery, Policy
+
 
 class OutageDetector:
     """Counts messages in a row whose attempts failed with an error that points at a dependency
@@ -24,3 +26,14 @@ class OutageDetector:
         """Count one more message; True once the run reaches the threshold (0: never)."""
         self.streak += 1
         return 0 < self.threshold <= self.streak
+
+
+# How the reason of a queue an outage disabled begins (engine/commit.py writes it).
+OUTAGE_SUSPECTED = "outage suspected"
+
+
+def probed(policy: Policy, enabled: bool, reason: str | None) -> bool:
+    """Whether a queue in this state is probed: disabled by an outage (not by an operator, nor by a
+    message that faulted), under a policy that says `outage_recovery: probe`."""
+    return (not enabled and policy.outage_recovery is OutageRecovery.PROBE
+            and (reason or "").startswith(OUTAGE_SUSPECTED))

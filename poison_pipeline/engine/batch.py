@@ -23,6 +23,7 @@ from poison_pipeline.domain.routing import (
     Outcome,
     Route,
     cycle_number,
+    cycle_of,
     moves_back,
     route_before_delivery,
     route_held,
@@ -79,6 +80,9 @@ class CycleSpec:
     crashed: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Checked before every attempt: a worker whose cycle lost its lease stops delivering.
     guard: LeaseGuard | None = None
+    # A probe (engine/cycle.py): try this many messages, return every other one uncharged, and
+    # count the first failure pointing at a dependency as the outage going on.
+    probe: int = 0
     # The lake's (QueueTables.storage_options): the in-flight markers and the staged results are
     # files under its root. Required, so that no delivery opens them without.
     storage_options: dict[str, str] = field(kw_only=True, repr=False)  # credentials: never in a repr
@@ -186,16 +190,20 @@ class Processor:
         self.spec = spec
         self.handler = import_callable(spec.handler) if spec.handler else None
         self.batch_size = batch_size(self.handler) if self.handler else None
-        self.classifier = Classifier(spec.policy.unrecoverable, spec.policy.outage_errors, spec.handler)
+        # Retry rules are the application queue's: the poison queue has its own counts.
+        rules = () if spec.is_poison else spec.policy.rules
+        self.classifier = Classifier(spec.policy.unrecoverable, spec.policy.outage_errors, spec.handler, rules)
+        self.rule_attempts = tuple(p.receive_retry_count + 1 for p in spec.policy.under_rules) if rules else ()
         self.waiting_order = waiting_tables(spec.policy)
         self.waiting = frozenset(self.waiting_order)
-        self._routes: dict[tuple[Outcome, bool, bool], Route] = {}
-        self.outage = OutageDetector(spec.policy.outage_threshold)
+        self._routes: dict[tuple[Outcome, bool, bool, int | None], Route] = {}
+        self.outage = OutageDetector(1 if spec.probe else spec.policy.outage_threshold)
+        self.probed = 0
         self.tripped = False
         # Messages settled since the last success whose fate an outage would undo.
         self.exposed: list[tuple[Changes, int]] = []
-        # The conversation whose failed message holds the rest of it in this cycle, and its route.
-        self.holding: tuple[str, Route] | None = None
+        # The conversation whose failed message holds the rest of it in this cycle, its route and due time.
+        self.holding: tuple[str, Route, datetime | None] | None = None
         self.marker: Marker | None = None
         # Read once per message or attempt: kept as plain attributes, not recomputed properties.
         self.ordered = spec.ordered
@@ -237,10 +245,13 @@ class Processor:
     def process(self, batch: pa.RecordBatch) -> Changes:
         spec = self.spec
         rows = _Rows(batch, spec.now)
-        changes = Changes(batch.num_rows, spec.table, self.waiting, spec.now, spec.policy.retry_cycle_delay)
+        changes = Changes(batch.num_rows, spec.table, self.waiting, spec.now)
         # Without screening, ordering or a batch handler, a message that is not expired is delivered
         # at once until an outage trips (what `_early` would decide, without asking it each time).
         screened = any(rows.duplicate or ()) or any(rows.ended or ())
+        if spec.probe:
+            self._probe(rows, batch.num_rows, changes)
+            return changes
         if not (self.screening or screened or self.ordered or self.batch_size) and self.handler is not None:
             self._deliver(rows, range(batch.num_rows), changes)
             return changes
@@ -258,6 +269,18 @@ class Processor:
         if deliverable:
             self._deliver_group(rows, deliverable, changes)
         return changes
+
+    def _probe(self, rows: _Rows, count: int, changes: Changes) -> None:
+        """A probe: its first `spec.probe` messages delivered one by one (a batch handler gets each
+        as a batch of one), every other one returned where it was, uncharged and not attempted."""
+        for i in range(count):
+            if self._routed_early(rows, i, changes):
+                continue
+            if self.probed >= self.spec.probe:
+                changes.uncharge(i)
+                continue
+            self.probed += 1
+            self._deliver(rows, (i,), changes)
 
     def _routed_early(self, rows: _Rows, i: int, changes: Changes) -> bool:
         """Route row `i` if it is not delivered in this cycle (`_early`); say whether it was."""
@@ -290,11 +313,12 @@ class Processor:
         # Messages without a sequence number take no part in ordering.
         if self.ordered and conversation is not None and sequence is not None:
             if self.holding is not None and self.holding[0] == conversation:
-                return route_held(self.holding[1]), None, True
+                return route_held(self.holding[1]), self.holding[2], True
             blocked = (spec.blocked if rows.blocked is None else rows.blocked).get(conversation)
             if blocked is not None and blocked.sequence_number < sequence:
                 route = route_joined(blocked.table, self.waiting_order, spec.table)
-                due = blocked.due_at if route.destination != STAY else spec.now + spec.policy.retry_cycle_delay
+                due = (blocked.due_at if route.destination != STAY
+                       else spec.now + spec.policy.delay_before(self.cycle + 1, rows.message_id[i]))
                 return route, due, False
         if self.handler is None:  # the poison queue's default reader: quarantine
             return route_poison(Outcome.EXHAUSTED, spec.poison, rows.expired[i]), None, False
@@ -343,7 +367,8 @@ class Processor:
         """The rest of a message's delivery, after its `first` attempt failed or its `deaths`, and its route."""
         assert self.one_handler is not None
         delivery = deliver(self.one_handler, lambda number: self._message(rows, i, number),
-                           self.attempts, self.timeout, self.classifier, deaths=deaths, first=first)
+                           self.attempts, self.timeout, self.classifier, deaths=deaths, first=first,
+                           rule_attempts=self.rule_attempts)
         self._settle(rows, i, delivery, changes)
 
     def _marked(self, message_id: str) -> tuple[str, ...]:
@@ -358,7 +383,7 @@ class Processor:
         deliveries = deliver_batch(
             self.handler,
             lambda k, attempt: self._message(rows, indices[k], attempt),
-            len(indices), self.attempts, self.timeout, self.classifier,
+            len(indices), self.attempts, self.timeout, self.classifier, self.rule_attempts,
         )
         for i, delivery in zip(indices, deliveries, strict=True):
             self._settle(rows, i, delivery, changes)
@@ -371,10 +396,11 @@ class Processor:
             if self.exposed:
                 self._recovered()
             return
-        route = self._route(delivery.outcome, rows.expired[i], conversation is not None)
-        changes.set(i, route, delivery)
+        route = self._route(delivery.outcome, rows.expired[i], conversation is not None, delivery.rule)
+        due = self._retry_due(route, delivery.rule, rows.message_id[i])
+        changes.set(i, route, delivery, due)
         if self.ordered and conversation is not None and rows.sequence_number[i] is not None:
-            self.holding = (conversation, route)
+            self.holding = (conversation, route, due)
         if delivery.outage_failures and self.tripped:
             changes.uncharge(i)  # delivered in the same batch call as the message that tripped it
         elif delivery.outage_failures and self.outage.threshold:
@@ -395,14 +421,21 @@ class Processor:
             changes.uncharge(index)
         self.exposed.clear()
 
-    def _route(self, outcome: Outcome, expired: bool, conversation: bool) -> Route:
-        key = (outcome, expired, conversation)
+    def _retry_due(self, route: Route, rule: int | None, message_id: str) -> datetime | None:
+        """When a message moved to a retry subqueue is due: after the delay its policy (or the rule
+        its failure fell under) gives that retry cycle. None elsewhere (`Changes` decides)."""
+        if not route.destination.startswith("retry_"):
+            return None
+        return self.spec.now + self.spec.policy.under(rule).delay_before(cycle_of(route.destination), message_id)
+
+    def _route(self, outcome: Outcome, expired: bool, conversation: bool, rule: int | None) -> Route:
+        key = (outcome, expired, conversation, rule)
         route = self._routes.get(key)
         if route is None:
             spec = self.spec
             if spec.is_poison:
                 route = route_poison(outcome, spec.poison, expired)
             else:
-                route = route_main(spec.table, outcome, spec.policy, expired, conversation)
+                route = route_main(spec.table, outcome, spec.policy.under(rule), expired, conversation)
             self._routes[key] = route
         return route

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from poison_pipeline.domain.envelope import Message
@@ -20,8 +20,10 @@ def deliver_batch(
     max_attempts: int,
     timeout: float | None,
     classifier: Classifier,
+    rule_attempts: Sequence[int] = (),
 ) -> list[Delivery]:
-    """Deliver messages 0..count-1 together; `make_message(i, attempt)` builds message i.
+    """Deliver messages 0..count-1 together; `make_message(i, attempt)` builds message i
+    (`max_attempts`, `rule_attempts`: as `deliver`).
 
     A failed call is split in halves and each half tried again, down to single messages, which
     are then retried alone like any message. Only those single attempts are charged: a failed
@@ -36,7 +38,8 @@ def deliver_batch(
     def run(indices: list[int]) -> None:
         if len(indices) == 1:
             i = indices[0]
-            results[i] = deliver(single, lambda attempt: make_message(i, attempt), max_attempts, timeout, classifier)
+            results[i] = deliver(single, lambda attempt: make_message(i, attempt), max_attempts, timeout, classifier,
+                                 rule_attempts=rule_attempts)
             return
         messages = [make_message(i, 1) for i in indices]
         started, duration, failure = attempt(handler, messages, timeout)

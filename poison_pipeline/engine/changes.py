@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import asdict
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ class Changes:
     """What a cycle does to each message of one Arrow batch, set per row (in any order: a batch
     handler's group is settled after the early routes of rows that come after it)."""
 
-    def __init__(self, rows: int, table: str, waiting: frozenset[str], now: datetime, delay: timedelta) -> None:
+    def __init__(self, rows: int, table: str, waiting: frozenset[str], now: datetime) -> None:
         self.table = table
         self.waiting = pa.array(sorted(waiting), pa.string())
         # The retry subqueues among them, and the move count a message entering each has.
@@ -47,7 +47,6 @@ class Changes:
         self.retries = pa.array(retries, pa.string())
         self.entering = pa.array([entering_move_count(t) for t in retries], pa.int32())
         self.now = now
-        self.delay = delay
         # Each row's route as an index into `kinds`, the batch's few distinct routes (-1: none yet).
         self.kinds: list[Route] = [PROCESSED_ROUTE]
         self._kind: dict[int, int] = {id(PROCESSED_ROUTE): 0}
@@ -105,8 +104,8 @@ class Changes:
     def _due(self, destination: str) -> datetime | None:
         if destination in (STAY, POISON):
             return self.now
-        if destination.startswith("retry_"):
-            return self.now + self.delay
+        # Each message's delay to its next retry cycle is its own (policy backoff, rules, jitter).
+        assert not destination.startswith("retry_"), "a move to a retry subqueue comes with its due time"
         return None
 
     def uncharge(self, index: int) -> None:
@@ -186,7 +185,7 @@ class Changes:
             pa.array(self.log_durations, pa.float64()),
             outcomes,
             *(_sparse({k: getattr(e, attribute) for k, (_, e) in failed.items() if e is not None}, len(made))
-              for attribute in _ERROR_COLUMNS.values()),
+              for attribute in (*_ERROR_COLUMNS.values(), "code")),
         ]
         values = pa.StructArray.from_arrays(fields, fields=schemas.ATTEMPT_FIELDS)
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)

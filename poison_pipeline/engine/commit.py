@@ -10,21 +10,29 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from poison_pipeline.broker.conversations import end_conversation
-from poison_pipeline.domain.alerts import MESSAGES_FAILED, FailureCount, failures_to_json, summarise_failures
+from poison_pipeline.domain.alerts import (
+    MESSAGES_FAILED,
+    QUEUE_RECOVERED,
+    FailureCount,
+    failures_to_json,
+    summarise_failures,
+)
 from poison_pipeline.domain.conversation_errors import MAX_DESCRIPTION
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.errors import NO_VALUE, group_id, group_key
+from poison_pipeline.domain.outage import OUTAGE_SUSPECTED
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, POISON, PROCESSED, QUARANTINE, STAY, Disposition
 from poison_pipeline.engine.changes import decode_sent
 from poison_pipeline.engine.id_hashes import HASH_COLUMN, id_hashes
 from poison_pipeline.engine.staged import dataset as staged_rows
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.control import QUEUE_DISABLED, event_row, state_commit
+from poison_pipeline.storage.control import PROBE_FAILED, QUEUE_DISABLED, event_row, state_commit
 from poison_pipeline.storage.events import append_events
 from poison_pipeline.storage.journal import JournalEntry
 from poison_pipeline.storage.tables import ATTEMPTS, NOTIFICATIONS, TRANSMISSION, QueueTables, schema_of
@@ -80,16 +88,28 @@ class _Stream:
 
 
 def _attempt_rows(staged: pads.Dataset, entry: JournalEntry, cycle: int, now: datetime) -> Iterator[pa.RecordBatch]:
-    for batch in _batches(staged, ["message_id", "attempts"]):
+    for batch in _batches(staged, ["message_id", "attempts", "destination", "due_at"]):
+        parents = pc.list_parent_indices(batch["attempts"])
         flat = pc.list_flatten(batch["attempts"])
-        ids = pc.take(batch["message_id"], pc.list_parent_indices(batch["attempts"]))
+        ids = pc.take(batch["message_id"], parents)
         attempts = pa.Table.from_struct_array(flat) if len(flat) else None
         columns: dict[str, pa.Array] = {"message_id": ids}
         for field in schemas.ATTEMPT_FIELDS:
             columns[field.name] = attempts.column(field.name) if attempts else pa.array([], field.type)
+        columns["retry_delay_ms"] = _retry_delays(batch, parents, now)
         built = schemas.project(pa.table(columns), schemas.ATTEMPTS, table=entry.table, cycle=cycle,
                                 run_id=entry.run_id, cycle_seq=entry.seq, date=now.date().isoformat())
         yield from built.to_batches()
+
+
+def _retry_delays(batch: pa.RecordBatch, parents: pa.Array, now: datetime) -> pa.Array:
+    """Per attempt: on each message's last one, the delay before the retry cycle it moved to."""
+    retried = pc.starts_with(batch["destination"], "retry_")
+    waits = pc.divide(pc.cast(pc.subtract(batch["due_at"], pa.scalar(now, schemas.TS)), pa.int64()), 1000.0)
+    per_message = pc.if_else(retried, waits, pa.scalar(None, pa.float64()))
+    owners = parents.to_numpy(zero_copy_only=False)
+    last = np.append(owners[1:] != owners[:-1], True) if len(owners) else np.zeros(0, dtype=bool)
+    return pc.if_else(pa.array(last), pc.take(per_message, parents), pa.scalar(None, pa.float64()))
 
 
 def _projected(staged: pads.Dataset, destination: str, schema: pa.Schema,
@@ -163,13 +183,18 @@ def apply_staged(writer: QueueWriter, entry: JournalEntry, cycle: int,
     # Each of these reads the staged data again: only when the cycle had such messages at all.
     if Disposition.REJECTED.value in dispositions:
         commit(NOTIFICATIONS, _negative_acknowledgements(staged, entry, now))
-    disables = _disable_events(staged, entry, now) if dispositions & {Disposition.FAULTED.value,
-                                                                     Disposition.OUTAGE.value} else []
+    disables = _disable_events(staged, entry, now) if not entry.probe and dispositions & {
+        Disposition.FAULTED.value, Disposition.OUTAGE.value} else []
     failed = _failed_event(staged, entry, now) if destinations & set(FAILURE_TABLES) else []
+    probe = _probe_event(staged, entry, now, counts=summary) if entry.probe else None
     # One commit under the cycle's app transaction: a replay writes neither event again.
-    if disables:
-        events, state = state_commit(tables, [*disables, *failed], enabled=False)
+    recovered = [probe] if probe is not None and probe["kind"] == QUEUE_RECOVERED else []
+    if disables or recovered:
+        events, state = state_commit(tables, [*(disables or recovered), *failed], enabled=not disables)
         append_events(writer, events, app_id=app_id, version=entry.seq, also=[state])
+    elif probe is not None:
+        append_events(writer, pa.Table.from_pylist([probe, *failed], schema=schemas.EVENTS), app_id=app_id,
+                      version=entry.seq)
     elif failed:
         append_events(writer, pa.Table.from_pylist(failed, schema=schemas.EVENTS), app_id=app_id, version=entry.seq)
     writer.remove_batches(entry.table, entry.batches)
@@ -247,11 +272,29 @@ def _disable_events(staged: pads.Dataset, entry: JournalEntry, now: datetime) ->
         count, first = _count_and_first(staged, returned & (pc.list_value_length(pc.field("attempts")) > 0))
         ids = first["message_id"].to_pylist()
         error = first["last_error_type"][0] if count else None
-        reason = (f"outage suspected: {count} message(s) in a row in {entry.table} failed with {error}, an error "
+        reason = (f"{OUTAGE_SUSPECTED}: {count} message(s) in a row in {entry.table} failed with {error}, an error "
                   "that points at a dependency (policy outage_errors), and nothing succeeded; the cycle stopped and "
                   f"returned {total} message(s) uncharged. Failed: {_sample(ids, count)}")
         rows.append(event_row(QUEUE_DISABLED, now, "poison_pipeline", reason, ids[0] if ids else None, entry.table))
     return rows
+
+
+def _probe_event(staged: pads.Dataset, entry: JournalEntry, now: datetime,
+                 counts: Counter[tuple[str, str]]) -> dict[str, object]:
+    """What a probe found: a message processed (the queue resumes: QUEUE_RECOVERED, an enable), or
+    the outage going on, or nothing conclusive (PROBE_FAILED: it stays disabled)."""
+    processed = counts.get((PROCESSED, Disposition.PROCESSED.value), 0)
+    tried = staged.count_rows(filter=pc.list_value_length(pc.field("attempts")) > 0)
+    if processed:
+        return event_row(QUEUE_RECOVERED, now, "poison_pipeline", f"probe: {processed} of {tried} message(s) "
+                         f"tried in {entry.table} succeeded: the queue resumes")
+    down = pc.field("disposition") == Disposition.OUTAGE.value
+    count, first = _count_and_first(staged, down & (pc.list_value_length(pc.field("attempts")) > 0))
+    error = first["last_error_type"][0] if count else None
+    why = (f"the outage goes on: {first['message_id'][0]} failed with {error}" if count
+           else f"none of the {tried} message(s) tried succeeded")
+    return event_row(PROBE_FAILED, now, "poison_pipeline", f"probe: {why}; the queue stays disabled",
+                     first["message_id"][0] if count else None, entry.table)
 
 
 def _count_and_first(staged: pads.Dataset, where: pads.Expression) -> tuple[int, pa.Table]:

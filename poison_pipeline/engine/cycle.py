@@ -26,7 +26,9 @@ from poison_pipeline.broker.conversations import (
 )
 from poison_pipeline.broker.transmission import pending_count, transmit
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.outage import probed
 from poison_pipeline.domain.policy import Ordering
+from poison_pipeline.domain.routing import INBOUND
 from poison_pipeline.engine import local
 from poison_pipeline.engine.batch import CycleSpec
 from poison_pipeline.engine.dedup import (
@@ -87,6 +89,13 @@ class ActionCompleter(Protocol):
     def __call__(self, declaration: Declaration, writer: QueueWriter, run_id: str) -> Completed: ...
 
 
+class AfterCommit(Protocol):
+    """Operator work that waits for what a cycle did (a ramp's next step), run holding the queue's
+    lease (`writer`) once the cycle's commit landed."""
+
+    def __call__(self, declaration: Declaration, writer: QueueWriter, run_id: str) -> None: ...
+
+
 @dataclass
 class CycleReport:
     queue: str
@@ -102,6 +111,8 @@ class CycleReport:
     cleanup_failures: list[UnfinishedCleanup] = field(default_factory=list)
     # Operator actions a kill left half done, completed before this cycle selected anything.
     interrupted: Completed = field(default_factory=Completed)
+    # A probe of a queue disabled by an outage: how many messages it tried (0: not a probe).
+    probe: int = 0
 
 
 def _worker_died(error: Exception) -> bool:
@@ -178,19 +189,26 @@ def run_cycle(
     on_wait: Callable[[Holder], None] | None = None,
     *,
     complete_actions: ActionCompleter,
+    after_commit: AfterCommit | None = None,
+    probe: bool = False,
 ) -> CycleReport:
     """Process the due messages of `table` in `queue` once; safe to re-run after any crash.
 
     Holds the queue's lease throughout: a second starter of any work on this queue waits, then
     fails naming this run (`on_wait` hears of a holder this run waits for). `complete_actions`
-    completes the queue's interrupted operator actions first."""
+    completes the queue's interrupted operator actions first. `probe`: a queue disabled by an
+    outage whose policy says `outage_recovery: probe` tries its `probe.messages` oldest due
+    messages, charged nothing, and resumes on a success (on any other queue, a cycle as usual).
+    `after_commit` runs once the cycle's commit landed, still holding the lease."""
     tables = QueueTables.of(declaration, queue)
     if table not in tables.waiting:
         raise ValueError(f"{table!r} is not a waiting table of {queue!r}: {', '.join(tables.waiting)}")
     try:
         tables.ensure()
         with queue_writer(tables, f"{table} cycle", run_id, on_wait) as writer:
-            report = _run_held(spark, declaration, writer, table, now, run_id, complete_actions)
+            report = _run_held(spark, declaration, writer, table, now, run_id, complete_actions, probe)
+            if after_commit is not None and report.counts:
+                after_commit(declaration, writer, run_id)
             report.cleanup_failures = unfinished_cleanups(declaration, tables)
             return report
     except StorageFailure as failure:
@@ -201,7 +219,7 @@ def run_cycle(
 
 
 def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWriter, table: str,
-              now: datetime | None, run_id: str, complete_actions: ActionCompleter) -> CycleReport:
+              now: datetime | None, run_id: str, complete_actions: ActionCompleter, probe: bool = False) -> CycleReport:
     """The cycle's phases, in order, under the queue's lease: recover what a killed run of this
     table left, complete interrupted operator actions, select what is due, screen it, deliver it,
     commit, and after the commit run clean-up hooks and offer what was sent."""
@@ -213,11 +231,14 @@ def _run_held(spark: SessionSource, declaration: Declaration, writer: QueueWrite
     settle_intake(writer)
     report.skipped = _closed(writer)
     if report.skipped is not None:
-        return report
+        report.probe = _probing(declaration, writer, table) if probe else 0
+        if not report.probe:
+            return report
+        report.skipped = None
     now = now or datetime.now(UTC)
-    due = _select(writer, table, now, report)
+    due = _select(writer, table, now, report, limit_rows=report.probe or None)
     if due is not None:
-        entry = _plan(writer, table, seq, run_id, now, due)
+        entry = _plan(writer, table, seq, run_id, now, due, report.probe)
         spec, deliver, held = _screen(spark, declaration, writer, table, now, run_id, entry, due)
         inflight = writer.tables.work_uri("inflight", table, writer.lease.holder_id)
         with held:
@@ -253,9 +274,21 @@ def _closed(writer: QueueWriter) -> str | None:
     return None if state.enabled else f"queue {tables.queue!r} is disabled: {state.reason}"
 
 
-def _select(writer: QueueWriter, table: str, now: datetime, report: CycleReport) -> TableStats | None:
-    """The table's due messages (its files and counts), or None when none is due."""
-    stats = writer.tables.stats(table, now, snapshot=writer.latest(table))
+def _probing(declaration: Declaration, writer: QueueWriter, table: str) -> int:
+    """How many messages a probe of this disabled queue tries: its policy's `probe.messages` when
+    it is the inbound of a queue an outage disabled and its policy probes; else 0."""
+    policy = declaration.queue(writer.tables.queue).policy
+    state = queue_state(writer.tables, snapshot=writer.latest_if_exists(EVENTS))
+    if table != INBOUND or not probed(policy, state.enabled, state.reason):
+        return 0
+    return policy.probe.messages
+
+
+def _select(writer: QueueWriter, table: str, now: datetime, report: CycleReport,
+            limit_rows: int | None = None) -> TableStats | None:
+    """The table's due messages (its files and counts), or None when none is due; `limit_rows`:
+    only the oldest due batches holding that many (a probe)."""
+    stats = writer.tables.stats(table, now, snapshot=writer.latest(table), limit_rows=limit_rows)
     if stats.oldest is not None:
         report.oldest_age_s = (now - stats.oldest).total_seconds()
     if not stats.due_files:
@@ -266,11 +299,12 @@ def _select(writer: QueueWriter, table: str, now: datetime, report: CycleReport)
     return stats
 
 
-def _plan(writer: QueueWriter, table: str, seq: int, run_id: str, now: datetime, due: TableStats) -> JournalEntry:
+def _plan(writer: QueueWriter, table: str, seq: int, run_id: str, now: datetime, due: TableStats,
+          probe: int = 0) -> JournalEntry:
     """The journal's record that this seq takes these batches, before anything is computed."""
     # Per holder: a holder that lost its lease and still computes never writes where the next one stages.
     entry = JournalEntry(seq, "planned", table, run_id, now.isoformat(), list(due.due_batches),
-                         writer.tables.work_uri("staging", table, f"{seq}-{writer.lease.holder_id}"))
+                         writer.tables.work_uri("staging", table, f"{seq}-{writer.lease.holder_id}"), probe=probe)
     write_entry(writer, entry)
     return entry
 
@@ -284,7 +318,8 @@ def _screen(spark: SessionSource, declaration: Declaration, writer: QueueWriter,
     tables = writer.tables
     queue_decl = declaration.queue(tables.queue)
     # A small cycle is delivered beside the driver, without a Spark job (engine/local.py).
-    local_delivery = due.due_rows <= declaration.small_cycles.max_messages
+    # A probe tries its few messages one after the other: beside the driver, never as Spark tasks.
+    local_delivery = due.due_rows <= declaration.small_cycles.max_messages or entry.probe > 0
     if local_delivery:
         local.warm()  # the worker's fork server starts (once per process) while dedup runs
     ordered = queue_decl.policy.ordering is Ordering.CONVERSATION
@@ -313,6 +348,7 @@ def _screen(spark: SessionSource, declaration: Declaration, writer: QueueWriter,
     spec = CycleSpec(
         queue=tables.queue,
         table=table,
+        probe=entry.probe,
         policy=queue_decl.policy,
         poison=queue_decl.poison_queue,
         handler=queue_decl.poison_queue.handler if table == "poison" else queue_decl.handler,

@@ -84,6 +84,8 @@ class Delivery:
     sent: list[Outgoing] = field(default_factory=list)
     # Failed attempts whose error points at an outage of a dependency (policy outage_errors).
     outage_failures: int = 0
+    # The retry rule the last failure fell under (policy rules), if one did.
+    rule: int | None = None
 
 
 # Read once per delivered message: an enum member read through its class costs a descriptor call.
@@ -120,14 +122,23 @@ def deliver(
     classifier: Classifier,
     deaths: Sequence[str] = (),
     first: Made | None = None,
+    rule_attempts: Sequence[int] = (),
 ) -> Delivery:
     """Up to `max_attempts` attempts; stop at the first success or unrecoverable error. The first
     attempts already happened and each killed the worker it ran in: `deaths` says how each ended,
     CRASH (the handler crashed or exited it) or TIMEOUT (the watchdog killed it: a HandlerTimeout).
-    `first`: the first attempt, made by the caller (what `attempt` returned), which failed."""
+    `first`: the first attempt, made by the caller (what `attempt` returned), which failed.
+    `rule_attempts`: the attempts each retry rule allows; a failure a rule matches allows its
+    number of attempts instead of `max_attempts`."""
     records: list[AttemptRecord] = []
     error_info: ErrorInfo | None = None
     outages = 0
+    rule: int | None = None
+    ceiling = max((max_attempts, *rule_attempts))
+
+    def spent(number: int) -> bool:
+        return number >= (max_attempts if rule is None else rule_attempts[rule])
+
     for number, death in enumerate(deaths, start=1) if deaths else ():
         started = time_ns() // 1000
         if death == TIMEOUT and timeout is not None:
@@ -137,10 +148,14 @@ def deliver(
             if classifier.unrecoverable(error, error_info):
                 return Delivery(_UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
             outages += classifier.outage(error)
+            rule = classifier.rule(error, error_info) if rule_attempts else None
         else:
             error_info = WORKER_DIED
             records.append((number, started, 0.0, CRASH, WORKER_DIED))
-    for number in range(len(deaths) + 1, max_attempts + 1):
+            rule = None
+    if deaths and spent(len(deaths)):
+        return Delivery(_EXHAUSTED, records, len(records), error_info, outage_failures=outages, rule=rule)
+    for number in range(len(deaths) + 1, ceiling + 1):
         if first is None:
             message = make_message(number)
             started, duration, failure = attempt(handler, message, timeout)
@@ -155,4 +170,7 @@ def deliver(
         if classifier.unrecoverable(failure, error_info):
             return Delivery(_UNRECOVERABLE, records, len(records), error_info, outage_failures=outages)
         outages += classifier.outage(failure)
-    return Delivery(_EXHAUSTED, records, len(records), error_info, outage_failures=outages)
+        rule = classifier.rule(failure, error_info) if rule_attempts else None
+        if spent(number):
+            break
+    return Delivery(_EXHAUSTED, records, len(records), error_info, outage_failures=outages, rule=rule)

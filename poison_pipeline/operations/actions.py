@@ -148,8 +148,8 @@ def planned_actions(tables: QueueTables, kinds: Sequence[str], *, snapshot: Delt
 # queue's next holder completes them (operations/interrupted.py holds one completion per kind, each
 # in its action's module; a test keeps the two lists equal). The others commit once, or are safe to
 # run again by hand (`end-conversation`), and leave nothing to complete.
-RESUMABLE = ("redrive", "edit", "purge", "undo")
-KINDS = (*RESUMABLE, "enable", "end_conversation")
+RESUMABLE = ("redrive", "edit", "purge", "archive", "restore", "ramp", "undo")
+KINDS = (*RESUMABLE, "enable", "end_conversation", "note")
 
 
 def begin_action(writer: QueueWriter, kind: str, actor: str, arguments: dict[str, Any],

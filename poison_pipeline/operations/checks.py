@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, QUARANTINE
+from poison_pipeline.operations.archived import archived_count
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.storage.intake import accepted_total, ensure_intake
 from poison_pipeline.storage.memo import remembered
@@ -69,7 +70,7 @@ def _conservation(tables: QueueTables) -> CheckOutcome:
     terms: dict[str, int | float | str | list[str] | None] = {
         **{f"ledger_{kind}": n for kind, n in sorted(line.ledger.items())},
         "waiting": line.waiting, "poison": line.poison, "dead_letter": line.dead_letter,
-        "quarantined": line.quarantined, "purged": line.purged,
+        "quarantined": line.quarantined, "archived": line.archived, "purged": line.purged,
     }
     difference = line.accounted - accepted
     if difference == 0:
@@ -114,8 +115,10 @@ def _one_place(tables: QueueTables) -> CheckOutcome:
 def check_growth(tables: QueueTables, name: str, threshold: int, previous: int | None) -> CheckOutcome:
     """Net growth of the watched tables' rows since `previous` (the last check's count; none: from 0)."""
     watched = GROWTH_TABLES[name]
+    # Archived messages are known and ignored: they leave the count, as they leave the groups.
     counts: dict[str, int] = remembered(tables, name, lambda read: {
-        table: read.open(table).count() if read.exists(table) else 0 for table in watched}, dict, dict)
+        table: read.open(table).count() - archived_count(read, table) if read.exists(table) else 0
+        for table in watched}, dict, dict)
     rows = sum(counts.values())
     growth = rows - (previous or 0)
     since = "since the previous check" if previous is not None else "with no earlier check"

@@ -10,6 +10,7 @@ from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.engine.cycle import CycleReport, SessionSource
 from poison_pipeline.engine.cycle import run_cycle as run_engine_cycle
 from poison_pipeline.operations.interrupted import complete_interrupted
+from poison_pipeline.operations.ramp import advance_ramps
 from poison_pipeline.storage.lease import Holder
 
 __all__ = ["run_cycle"]
@@ -23,11 +24,15 @@ def run_cycle(
     now: datetime | None = None,
     run_id: str = "manual",
     on_wait: Callable[[Holder], None] | None = None,
+    *,
+    probe: bool = False,
 ) -> CycleReport:
     """Process the due messages of `table` in `queue` once; safe to re-run after any crash.
 
     Holds the queue's lease throughout: a second starter of any work on this queue waits, then
     fails naming this run (`on_wait` hears of a holder this run waits for). The queue's redrives,
-    edits, purges and undos a kill left half done are completed first."""
+    edits, purges and undos a kill left half done are completed first, and its ramps (`redrive --ramp`)
+    go on once the cycle committed. `probe`: a probe of a queue
+    an outage disabled, when its policy probes (`outage_recovery: probe`)."""
     return run_engine_cycle(spark, declaration, queue, table, now, run_id, on_wait,
-                            complete_actions=complete_interrupted)
+                            complete_actions=complete_interrupted, after_commit=advance_ramps, probe=probe)

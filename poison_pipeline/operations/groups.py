@@ -21,7 +21,7 @@ import functools
 import operator
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import pyarrow as pa
@@ -34,6 +34,8 @@ from poison_pipeline.domain.errors import NO_ERROR, NO_VALUE, frame_name, normal
 from poison_pipeline.domain.errors import group_id as group_id
 from poison_pipeline.domain.errors import group_key as group_key
 from poison_pipeline.domain.routing import FAILED_AT, FAILURE_TABLES, POISON
+from poison_pipeline.operations.actions import DONE, list_actions
+from poison_pipeline.operations.archived import archived_mask
 from poison_pipeline.storage.tables import QueueTables
 
 # The tables whose rows are failures, and the column that says when each row failed (arrived there).
@@ -42,6 +44,21 @@ SIGNATURE = "last_error_signature"
 
 _GROUP_ID = re.compile(r"[0-9a-f]{8}")
 _STACK_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line \d+, in (?P<function>.+)$', re.MULTILINE)
+
+
+# The kind of action a note on a group is (operations/notes.py records it).
+NOTE = "note"
+
+
+@dataclass(frozen=True)
+class GroupNote:
+    """An operator's note on a failure group (`groups note`), the newest recorded in its queue."""
+
+    text: str
+    owner: str | None
+    actor: str
+    at: datetime
+    action_id: str
 
 
 class UnknownGroup(LookupError):  # noqa: N818 - reads as what the operator asked for
@@ -74,6 +91,15 @@ class FailureGroup:
     example_ids: tuple[str, ...]
     # The first example's message as raised, before normalisation.
     example_error_message: str | None = None
+    # The version of the table the group was read at: `id@version` selects only the rows present
+    # then (`redrive --group`, `purge --group`, or `--as-of-version`).
+    version: int | None = None
+    note: GroupNote | None = None
+
+    @property
+    def as_of(self) -> str:
+        """The group's id with the version it was read at: what an action given it takes."""
+        return self.id if self.version is None else f"{self.id}@{self.version}"
 
 
 def top_frame_of(error_type: str | None, message: str | None, stack: str | None, signature: str | None) -> str | None:
@@ -226,17 +252,21 @@ def _dataset(tables: QueueTables, table: str) -> pads.Dataset | None:
 
 
 def _narrow(dataset: pads.Dataset, table: str) -> pa.Table:
-    columns = ["message_id", "message_type", SIGNATURE, FAILED_AT[table]]
+    columns = ["message_id", "batch_id", "message_type", SIGNATURE, FAILED_AT[table]]
     if "reason" in dataset.schema.names:
         columns.append("reason")
     return dataset.to_table(columns=columns)
 
 
 def _table_groups(tables: QueueTables, table: str) -> list[FailureGroup]:
-    dataset = _dataset(tables, table)
-    if dataset is None:
+    opened = tables.open_if_exists(table)
+    if opened is None:
         return []
-    summaries = summarise(_narrow(dataset, table), FAILED_AT[table])
+    dataset = opened.to_pyarrow_dataset()
+    narrow = _narrow(dataset, table)
+    # Archived messages are known and ignored: they leave the groups.
+    narrow = narrow.filter(pc.invert(archived_mask(tables, table, narrow)))
+    summaries = summarise(narrow, FAILED_AT[table])
     wanted = sorted({m for s in summaries if not s.key.startswith(NO_ERROR) for m in s.example_ids})
     errors: dict[tuple[str, str], dict[str, str | None]] = {}
     if wanted:
@@ -245,7 +275,7 @@ def _table_groups(tables: QueueTables, table: str) -> list[FailureGroup]:
             columns=["message_id", SIGNATURE, "last_error_type", "last_error_message", "last_error_stack"],
             filter=pc.field("message_id").isin(wanted),
         ))
-    return [_group(tables.queue, table, s, errors) for s in summaries]
+    return [replace(_group(tables.queue, table, s, errors), version=opened.version()) for s in summaries]
 
 
 def _scope(declaration: Declaration, queue: str | None, table: str | None) -> tuple[list[str], list[str]]:
@@ -266,9 +296,21 @@ def failure_groups(declaration: Declaration, queue: str | None = None,
     groups: list[FailureGroup] = []
     for name in queues:
         tables = QueueTables.of(declaration, name)
+        notes = group_notes(declaration, name)
         for each in names:
-            groups.extend(_table_groups(tables, each))
+            groups.extend(replace(g, note=notes.get(g.id)) for g in _table_groups(tables, each))
     return _ordered(groups)
+
+
+def group_notes(declaration: Declaration, queue: str) -> dict[str, GroupNote]:
+    """The newest note of each group of `queue` (by group id), from its actions ledger."""
+    notes: dict[str, GroupNote] = {}
+    for action in list_actions(declaration, queue):  # oldest first: the newest is kept
+        if action.kind == NOTE and action.state == DONE:
+            args = action.arguments
+            notes[args["group"]] = GroupNote(args["text"], args.get("owner"), action.actor, action.at,
+                                             action.action_id)
+    return notes
 
 
 # -- selecting a group's rows (redrive, purge) ---------------------------------------------------

@@ -2,7 +2,8 @@
 
 Read with delta-rs and pyarrow only (filters on `message_id`), from:
 - the envelope (`enqueued_at`) of any row that still holds it: `enqueued`;
-- the attempts table: every `attempt` with its table, cycle, outcome, error and run id;
+- the attempts table: every `attempt` with its table, cycle, outcome, error and run id, and the
+  delay computed before the next retry cycle when its cycle moved the message to one;
 - the current rows: `waiting` in inbound or a retry subqueue, `poisoned`, `dead_lettered`,
   `quarantined`, and the processed ledger (`processed`, `dropped`, `duplicate`);
 - `moved`: between the tables of consecutive attempts (the move is timed at the end of the earlier
@@ -12,27 +13,29 @@ Read with delta-rs and pyarrow only (filters on `message_id`), from:
   processed ledger. A redrive by other filters of a message that has since failed again and left
   no row of that batch is not found: the ledger keeps a redrive's filters, not the ids it took;
 - the edits table: `edited` (who, when, the sizes; the bodies are in `inspect`);
+- the `archived` markers: `archived` (while it is; `restore` removes the marker);
 - the `purged` table, when there is one: `purged`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow.dataset as pads
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.durations import when
+from poison_pipeline.domain.durations import spoken, when
 from poison_pipeline.domain.routing import DEAD_LETTER, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import list_actions
-from poison_pipeline.storage.tables import ATTEMPTS, EDITS, QueueTables
+from poison_pipeline.storage.tables import ARCHIVED, ATTEMPTS, EDITS, QueueTables
 
 PURGED = "purged"
 # Which of two events at the same instant came first.
 _ORDER = {"enqueued": 0, "waiting": 1, "attempt": 2, "moved": 3, "poisoned": 4, "dead_lettered": 4,
-          "quarantined": 4, "edited": 5, "redriven": 6, "processed": 7, "dropped": 7, "duplicate": 7, "purged": 8}
+          "quarantined": 4, "edited": 5, "archived": 5, "redriven": 6, "processed": 7, "dropped": 7, "duplicate": 7,
+          "purged": 8}
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class JourneyEvent:
     batch_id: str | None = None
     actor: str | None = None
     from_table: str | None = None
+    # An attempt after which its cycle moved the message to a retry subqueue: the delay computed
+    # before that retry cycle (the policy's back-off, or a rule's), in seconds.
+    retry_delay_s: float | None = None
     inferred: bool = False  # timed from the evidence around it, not recorded as such
 
 
@@ -92,6 +98,10 @@ def history(declaration: Declaration, message_id: str) -> Journey:
                 f"body replaced ({row['encoding']}, {len(row['original_body'] or b'')} -> "
                 f"{len(row['new_body'] or b'')} bytes); sent back by {row['redrive_id']}",
                 action_id=row["edit_id"], actor=row["actor"]))
+        for row in tables.message_rows(ARCHIVED, message_id):
+            events.append(JourneyEvent(row["archived_at"], "archived", queue, row["from_table"],
+                                       f"archived in {row['from_table']} (left out of groups, checks and alerts)",
+                                       action_id=row["action_id"], batch_id=row["batch_id"]))
         for row in tables.message_rows(PURGED, message_id):
             at = row.get("purged_at") or row.get("at")
             events.append(JourneyEvent(at, "purged", queue, row.get("table") or row.get("from_table"),
@@ -169,7 +179,12 @@ def _stay(queue: str, table: str, row: dict[str, Any]) -> JourneyEvent:
 
 
 def _attempt(queue: str, row: dict[str, Any]) -> JourneyEvent:
-    return JourneyEvent(row["started_at"], "attempt", queue, row["table"], f"{row['outcome']}",
+    delay = row.get("retry_delay_ms")
+    detail = row["outcome"]
+    if delay is not None:
+        detail += f"; next retry cycle after {spoken(timedelta(milliseconds=delay))}"
+    return JourneyEvent(row["started_at"], "attempt", queue, row["table"], detail,
+                        retry_delay_s=None if delay is None else delay / 1000,
                         cycle=row["cycle"], cycle_seq=row.get("cycle_seq"), attempt=row["attempt"],
                         outcome=row["outcome"],
                         error_type=row.get("error_type"), error_message=row.get("error_message"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +20,7 @@ from deltalake.exceptions import DeltaError
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
-from poison_pipeline.storage.tables import ATTEMPTS, EDITS, QueueTables
+from poison_pipeline.storage.tables import ARCHIVED, ATTEMPTS, EDITS, QueueTables
 
 # Enough to read any realistic body; beyond it an operator wants a file, not a terminal.
 DISPLAY_LIMIT = 64 * 1024
@@ -58,6 +58,9 @@ class Location:
     from_table: str | None
     arrived_at: datetime | None
     last_error: ErrorView | None
+    # Archived (`archive`): when, and by which action; the row stays here, left out of groups.
+    archived_at: datetime | None = None
+    archived_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,9 @@ class AttemptView:
     outcome: str
     error: ErrorView | None
     run_id: str | None
+    # After the cycle's last attempt, when the message moved to a retry subqueue: the delay computed
+    # before that retry cycle, in seconds.
+    retry_delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -147,8 +153,13 @@ def inspect_message(declaration: Declaration, message_id: str, as_of: AsOf = Non
         for place in (*tables.waiting, DEAD_LETTER, QUARANTINE, PROCESSED):
             if table is not None and place != table:
                 continue
+            # A version is its own table's, not the markers': as of one, archiving is not shown.
+            marked = [] if isinstance(as_of, int) else _rows(tables, ARCHIVED, message_id, as_of)
+            marks = {(m["from_table"], m["batch_id"]): m for m in marked}
             for row in _rows(tables, place, message_id, as_of):
-                locations.append(_location(name, place, row))
+                mark = marks.get((place, row.get("batch_id"))) or {}
+                locations.append(replace(_location(name, place, row), archived_at=mark.get("archived_at"),
+                                         archived_by=mark.get("action_id")))
                 bodies.append(row)
         if table is None or table == ATTEMPTS:
             attempts.extend(_attempt(name, row) for row in _rows(tables, ATTEMPTS, message_id, as_of))
@@ -245,6 +256,7 @@ def _attempt(queue: str, row: dict[str, Any]) -> AttemptView:
         outcome=row["outcome"],
         error=_error(row, "error"),
         run_id=row.get("run_id"),
+        retry_delay_s=None if row.get("retry_delay_ms") is None else row["retry_delay_ms"] / 1000,
     )
 
 

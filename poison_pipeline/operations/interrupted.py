@@ -32,8 +32,10 @@ from poison_pipeline.operations.actions import (
     find_action,
     planned_actions,
 )
+from poison_pipeline.operations.archive import ArchiveError, complete_interrupted_archive
 from poison_pipeline.operations.edit import EditError, EditNotFound, complete_interrupted_edit, edit_row
 from poison_pipeline.operations.purge import PurgeError
+from poison_pipeline.operations.ramp import complete_interrupted_ramp
 from poison_pipeline.operations.redrive import RedriveError, complete_interrupted_redrive, planned_rows
 from poison_pipeline.operations.undo import UndoError, complete_interrupted_undo
 from poison_pipeline.storage.lease import LeaseHeld
@@ -76,7 +78,7 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
             continue
         try:
             why = _complete(declaration, writer, action, run_id)
-        except (RedriveError, PurgeError, UndoError, EditError, EditNotFound, LeaseHeld) as error:
+        except (RedriveError, PurgeError, ArchiveError, UndoError, EditError, EditNotFound, LeaseHeld) as error:
             why = str(error)  # LeaseHeld: the other queue of an undo stayed busy; its next holder completes it
         if why is None:
             outcome.completed.append(action.action_id)
@@ -110,6 +112,9 @@ COMPLETIONS: dict[str, Callable[[Declaration, QueueWriter, Action, str], None]] 
     "redrive": complete_interrupted_redrive,
     "edit": complete_interrupted_edit,
     "purge": _complete_purge,
+    "archive": complete_interrupted_archive,
+    "restore": complete_interrupted_archive,
+    "ramp": complete_interrupted_ramp,
     "undo": complete_interrupted_undo,
 }
 

@@ -1,7 +1,7 @@
 """`purge`: delete for good the failed messages of poison, dead_letter or quarantine that are beyond
-saving, older than an age (by failure time) and selected by the same filters as `redrive`; and
-`apply_retention`, which purges each table older than the queue's declared `retention` through the
-same code (the daily schedule calls it).
+saving, older than an age (by failure time) and selected by the same filters as `redrive`; the
+declared `retention` purges through the same code (operations/archive.apply_retention, which the
+daily schedule calls).
 
 Bodies are deleted: that is the point. Each purged message leaves a row in the queue's `purged`
 ledger (message id, conversation, type, the table and batch it was in, when it failed, its failure
@@ -228,20 +228,18 @@ def _not_held(tables: QueueTables, table: str, rows: pa.Table) -> tuple[pa.Table
     return kept, held_by, rows.num_rows - kept.num_rows
 
 
-def apply_retention(declaration: Declaration, queue: str, now: datetime | None = None,
-                    run_id: str = "retention") -> list[PurgeResult]:
-    """Purge each table of `queue` older than its declared `retention`, by the same code as `purge`,
-    recorded with actor poison_pipeline; tables without a retention are left alone."""
-    now = now or datetime.now(UTC)
-    return [purge_table(declaration, queue, table, age, actor=RETENTION_ACTOR, run_id=run_id, now=now)
-            for table, age in declaration.queue(queue).retention.items()]
-
-
 def _touched(tables: QueueTables, table: str) -> list[tuple[QueueTables, str]]:
     return [(tables, table), (tables, PURGED)]
 
 
 def _ledger_rows(rows: pa.Table, table: str, purge_id: str, now: datetime) -> pa.Table:
+    return ledger_rows(rows, table, purge_id, now, schemas.PURGED, "purged_at")
+
+
+def ledger_rows(rows: pa.Table, table: str, action_id: str, now: datetime, schema: pa.Schema,
+                at_column: str) -> pa.Table:
+    """A ledger row per failed row of `table` an action takes (`purged`, `archived`): where it was,
+    its failure group, and when and by which action it was taken (`at_column`)."""
     n = rows.num_rows
     reasons = rows["reason"].to_pylist() if "reason" in rows.column_names else [None] * n
     return pa.table({
@@ -251,8 +249,8 @@ def _ledger_rows(rows: pa.Table, table: str, purge_id: str, now: datetime) -> pa
         "last_error_signature": rows["last_error_signature"],
         "failure_group": pa.array([group_id(group_key(sig, reason)) for sig, reason in zip(
             rows["last_error_signature"].to_pylist(), reasons, strict=True)], pa.string()),
-        "purged_at": pa.array([now] * n, schemas.TS), "action_id": pa.array([purge_id] * n, pa.string()),
-    }).cast(schemas.PURGED)
+        at_column: pa.array([now] * n, schemas.TS), "action_id": pa.array([action_id] * n, pa.string()),
+    }).cast(schema)
 
 
 def _commit(record: Recorded, rows: pa.Table, version: int | None, fresh: bool) -> pa.Table:

@@ -36,12 +36,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.paths import operator_id
@@ -58,13 +58,14 @@ from poison_pipeline.operations.actions import (
     table_version,
 )
 from poison_pipeline.operations.groups import UnknownGroup, group_id, group_key, locate_group
+from poison_pipeline.operations.ramp import RAMP, RampResult, start_ramp
 from poison_pipeline.operations.requests import ActionContext, ActionId, failure_table, not_blank
 from poison_pipeline.operations.selection import (
     Filters,
     Selection,
     SelectionError,
     check_table,
-    selected,
+    selected_at,
     selection_filter,
 )
 from poison_pipeline.storage import schemas
@@ -144,6 +145,8 @@ class RedriveResult:
     # Run again with the id of an interrupted redrive: the arguments it recorded that this call differed
     # from (the recorded ones were used), e.g. {"to": "qb"}.
     as_recorded: dict[str, Any] = field(default_factory=dict)
+    # The version of the source table the selection read (with as_of_version: that version).
+    source_version: int | None = None
 
 
 class RedriveOptions(Filters):
@@ -173,6 +176,50 @@ class RedriveOptions(Filters):
         if len(set(value)) != len(value):
             raise ValueError(f"{value!r}: a table is named twice")
         return value
+
+    ramp: list[str] | None = Field(default=None, description="Send in steps that grow (1,10,100,all: the first 1, "
+                                   "then up to 10 in all, ...), each once a cycle took the one before, stopping when "
+                                   "more than max_failures of a step fail again with the same signature.")
+    max_failures: int = Field(default=0, ge=0, description="With ramp: how many of a step's messages may fail "
+                              "again before the ramp stops and parks them.")
+
+    @field_validator("ramp", mode="before")
+    @classmethod
+    def _ramp_text(cls, value: object) -> object:
+        # "1,10,100,all", as the command line writes it, or a list (YAML, Python).
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",")]
+        return [str(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("ramp")
+    @classmethod
+    def _growing(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            ramp_steps(value)
+        return value
+
+    @property
+    def steps(self) -> list[int | None] | None:
+        """The ramp's steps as cumulative sizes (None: all the rest)."""
+        return None if self.ramp is None else ramp_steps(self.ramp)
+
+    @model_validator(mode="after")
+    def _ramp_alone(self) -> Self:
+        if self.ramp is None:
+            return self
+        if len(self.source_tables) > 1:
+            raise ValueError("a ramp takes one source table (each step waits for the one before)")
+        for name in ("to", "rate", "limit"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"a ramp redrives into its own queue, a step at a time: not with {name}")
+        return self
+
+    @model_validator(mode="after")
+    def _one_table_per_version(self) -> Self:
+        if self.selection().as_of_version is not None and len(self.source_tables) > 1:
+            raise ValueError(f"a version is one table's: give as_of_version (or a group@version) with one source "
+                             f"table, not {', '.join(self.source_tables)}")
+        return self
 
     @field_validator("rate", mode="before")
     @classmethod
@@ -210,6 +257,8 @@ class RedriveReport:
     """A redrive's outcome, one result per source table that was redriven (or previewed)."""
 
     results: list[RedriveResult]
+    # A ramp's progress (redrive --ramp): its steps are redrives of their own, sent as it goes.
+    ramp: RampResult | None = None
 
     @property
     def moved(self) -> int:
@@ -229,12 +278,21 @@ def redrive(declaration: Declaration, request: RedriveRequest, context: ActionCo
 
     Every source table is checked before anything is written, so a bad filter changes nothing. A
     rate is shared by the tables that have something to move; a limit counts the messages of all of
-    them. Raises RedriveError or SelectionError for a request that cannot run."""
+    them. With a ramp, the first step is sent and the queue's cycles go on with it (`ramp` in the
+    report). Raises RedriveError or SelectionError for a request that cannot run."""
     context = context or ActionContext()
     sources = _sources(declaration, request)
     selection = request.selection()
     for source in sources:
         selection_filter(selection, source)
+    if request.steps is not None and not request.dry_run:
+        _checked(declaration, TableRedrive(request.queue, sources[0], request.queue, selection, None, None,
+                                           request.force, ()))
+        if (given := operator_id(request.id, RedriveError)) is not None and \
+                (why := reused_id(declaration, given, request.queue, RAMP)) is not None:
+            raise RedriveError(why)
+        return RedriveReport([], start_ramp(declaration, request.queue, sources[0], selection, request.steps,
+                                            request.max_failures, given, context.actor, context.run_id, context.now))
 
     def one(source: str, *, dry_run: bool, rate: float | None, limit: int | None) -> RedriveResult:
         redrive_id = request.id if request.id is None or len(request.source_tables) == 1 else f"{request.id}-{source}"
@@ -258,6 +316,25 @@ def redrive(declaration: Declaration, request: RedriveRequest, context: ActionCo
         results.append(result)
         remaining = None if remaining is None else remaining - result.moved
     return RedriveReport(results)
+
+
+def ramp_steps(values: list[str]) -> list[int | None]:
+    """A ramp's steps, written 1,10,100,all: positive sizes that grow, `all` (the rest) only last."""
+    steps: list[int | None] = []
+    for number, text in enumerate(values):
+        if text == "all" and number == len(values) - 1:
+            steps.append(None)
+            continue
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"{','.join(values)!r}: {text!r} is not a step: write sizes that grow, e.g. 1,10,100,all "
+                             "(all only last)")
+        if steps and int(text) <= (steps[-1] or 0):
+            raise ValueError(f"{','.join(values)!r}: each step must send more than the one before ({text} after "
+                             f"{steps[-1]})")
+        steps.append(int(text))
+    if not steps:
+        raise ValueError("a ramp has one step at least, e.g. 1,10,100,all")
+    return steps
 
 
 def _sources(declaration: Declaration, request: RedriveRequest) -> list[str]:
@@ -339,11 +416,12 @@ class _Plan:
     skipped_processed: int
     skipped_loop_guard: int
     skipped_limit: int
+    source_version: int | None
 
 
 def _plan(declaration: Declaration, request: TableRedrive, tables: QueueTables, redrive_id: str,
           now: datetime) -> _Plan:
-    rows = selected(declaration, request.queue, request.source, request.selection)
+    rows, version = selected_at(declaration, request.queue, request.source, request.selection)
     total = rows.num_rows
     processed = _already_processed(QueueTables.of(declaration, request.to), rows["message_id"])
     rows = rows.filter(pc.invert(pc.is_in(rows["message_id"], value_set=processed)))
@@ -358,7 +436,7 @@ def _plan(declaration: Declaration, request: TableRedrive, tables: QueueTables, 
         skipped_limit = rows.num_rows - request.limit
         rows = rows.slice(0, request.limit)
     return _Plan(_as_inbound(rows, request, redrive_id, now), total, skipped_processed, skipped_guard,
-                 skipped_limit)
+                 skipped_limit, version)
 
 
 def _already_processed(target: QueueTables, ids: pa.ChunkedArray) -> pa.Array:
@@ -570,7 +648,8 @@ def _remove_from_source(writer: QueueWriter, source: str, rows: pa.Table) -> Non
 
 def _plan_counts(plan: _Plan) -> dict[str, int]:
     return {"selected": plan.selected, "skipped_processed": plan.skipped_processed,
-            "skipped_loop_guard": plan.skipped_loop_guard, "skipped_limit": plan.skipped_limit}
+            "skipped_loop_guard": plan.skipped_loop_guard, "skipped_limit": plan.skipped_limit,
+            **({} if plan.source_version is None else {"source_version": plan.source_version})}
 
 
 def _summary(plan: _Plan, request: TableRedrive, redrive_id: str, dry_run: bool) -> RedriveResult:
@@ -585,7 +664,7 @@ def _summary_of(rows: pa.Table, counts: dict[str, int], request: TableRedrive, r
         redrive_id, request.queue, request.source, request.to, dry_run,
         selected=counts.get("selected", 0), moved=rows.num_rows,
         skipped_processed=counts.get("skipped_processed", 0), skipped_loop_guard=counts.get("skipped_loop_guard", 0),
-        skipped_limit=counts.get("skipped_limit", 0),
+        skipped_limit=counts.get("skipped_limit", 0), source_version=counts.get("source_version"),
         by_group=dict(Counter(groups).most_common()),
         by_message_type=dict(Counter(rows["message_type"].to_pylist()).most_common()),
         sample_ids=rows["message_id"].to_pylist()[:SAMPLE],

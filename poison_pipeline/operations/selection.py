@@ -12,12 +12,13 @@ from typing import Any, Self
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_time
 from poison_pipeline.domain.predicates import PredicateError
 from poison_pipeline.domain.routing import FAILED_AT, FAILURE_TABLES
+from poison_pipeline.operations.archived import archived_mask
 from poison_pipeline.operations.groups import UnknownGroup, group_filter
 from poison_pipeline.operations.requests import Request, not_blank
 from poison_pipeline.operations.where import where_filter
@@ -38,6 +39,10 @@ class Selection:
     failed_before: datetime | None = None
     ids: tuple[str, ...] | None = None
     where: str | None = None
+    # The table's version the operator looked at: only rows present in it are taken.
+    as_of_version: int | None = None
+    # Archived rows are left out (None); True takes only them (restore, the archive's retention).
+    archived: bool | None = None
 
     def arguments(self) -> dict[str, Any]:
         """The filters given, as JSON-able values (what an action records and an id derives from)."""
@@ -55,13 +60,15 @@ class Selection:
         return cls(group=arguments.get("group"), error_type=arguments.get("error_type"),
                    message_type=arguments.get("message_type"), conversation=arguments.get("conversation"),
                    failed_after=at("failed_after"), failed_before=at("failed_before"),
-                   ids=None if ids is None else tuple(ids), where=arguments.get("where"))
+                   ids=None if ids is None else tuple(ids), where=arguments.get("where"),
+                   as_of_version=arguments.get("as_of_version"), archived=arguments.get("archived"))
 
 
 class Filters(Request):
     """The filters of the actions that select failed messages (redrive, purge): all given must hold."""
 
-    group: str | None = Field(default=None, description="A failure group id, as `groups` shows it.")
+    group: str | None = Field(default=None, description="A failure group id, as `groups` shows it (with "
+                              "`@VERSION`: only the messages present in that version of the table).")
     error_type: str | None = Field(default=None, description="The last error's type: ValueError, or "
                                    "PartObsolete for myapp.errors.PartObsolete.")
     message_type: str | None = Field(default=None, description="The messages' message_type.")
@@ -73,6 +80,8 @@ class Filters(Request):
     where: str | None = Field(default=None, description="A predicate over the table's columns: = != < <= > "
                               ">=, IN (...), LIKE, IS [NOT] NULL, BETWEEN, AND, OR, NOT, parentheses (no SQL "
                               "beyond these).")
+    as_of_version: int | None = Field(default=None, ge=0, description="Only the messages present in this "
+                                      "version of the source table (what `groups` read): none that failed since.")
 
     @field_validator("group", "error_type", "message_type", "conversation", "where")
     @classmethod
@@ -86,12 +95,37 @@ class Filters(Request):
             parse_time(value)
         return value
 
+    @field_validator("group")
+    @classmethod
+    def _group_and_version(cls, value: str | None) -> str | None:
+        if value is not None and "@" in value:
+            version = value.rpartition("@")[2]
+            if not version.isdigit():
+                raise ValueError(f"{value!r}: write a group id, or a group id and the version `groups` read "
+                                 "(3fe6b38b@12)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_version(self) -> Self:
+        group_version = self.group_version
+        if group_version is not None and self.as_of_version not in (None, group_version):
+            raise ValueError(f"the group {self.group!r} was read at version {group_version}, not at "
+                             f"as_of_version {self.as_of_version}: give one of them")
+        return self
+
+    @property
+    def group_version(self) -> int | None:
+        """The version a group id written `id@VERSION` carries."""
+        return None if self.group is None or "@" not in self.group else int(self.group.rpartition("@")[2])
+
     def selection(self) -> Selection:
         """The selection these filters make."""
-        return Selection(group=self.group, error_type=self.error_type, message_type=self.message_type,
+        group = None if self.group is None else self.group.partition("@")[0]
+        version = self.as_of_version if self.as_of_version is not None else self.group_version
+        return Selection(group=group, error_type=self.error_type, message_type=self.message_type,
                          conversation=self.conversation, failed_after=_time(self.failed_after),
                          failed_before=_time(self.failed_before),
-                         ids=None if self.ids is None else tuple(self.ids), where=self.where)
+                         ids=None if self.ids is None else tuple(self.ids), where=self.where, as_of_version=version)
 
     def within(self, start: datetime, end: datetime) -> Self:
         """These filters narrowed to failures from `start` to before `end` (a day's partition)."""
@@ -143,11 +177,17 @@ def selection_filter(selection: Selection, table: str) -> pads.Expression | None
 
 def selected(declaration: Declaration, queue: str, table: str, selection: Selection) -> pa.Table:
     """The rows of `queue`'s `table` the selection takes, every column, oldest failure first."""
+    return selected_at(declaration, queue, table, selection)[0]
+
+
+def selected_at(declaration: Declaration, queue: str, table: str, selection: Selection) -> tuple[pa.Table, int | None]:
+    """`selected`, and the version of the table it read (None: the table does not exist yet); with
+    `as_of_version`, that version: the rows taken are those it held."""
     check_table(table)
     schema = schema_of(table)
     tables = QueueTables.of(declaration, queue)
     if not tables.exists(table):
-        return schema.empty_table()
+        return schema.empty_table(), None
     target = tables.open(table)
     expression = selection_filter(selection, table)
     if selection.group is not None:
@@ -159,7 +199,31 @@ def selected(declaration: Declaration, queue: str, table: str, selection: Select
     # pyarrow evaluates the filter as it scans, releasing the GIL: the lease renewal keeps running.
     rows = target.to_pyarrow_dataset().to_table(filter=expression) if expression is not None \
         else target.to_pyarrow_table()
-    return rows.cast(schema).sort_by([(FAILED_AT[table], "ascending"), ("message_id", "ascending")])
+    if selection.as_of_version is not None:
+        rows = rows.filter(_in_snapshot(tables, table, target.version(), selection.as_of_version, rows))
+    archived = archived_mask(tables, table, rows)
+    rows = rows.filter(archived if selection.archived else pc.invert(archived))
+    version = target.version() if selection.as_of_version is None else selection.as_of_version
+    return rows.cast(schema).sort_by([(FAILED_AT[table], "ascending"), ("message_id", "ascending")]), version
+
+
+def _in_snapshot(tables: QueueTables, table: str, current: int, version: int, rows: pa.Table) -> pa.Array:
+    """Which of `rows` (read now) were in `table` at `version` already: the same message in the same
+    batch. A message that failed again since is in another batch: it is not taken."""
+    if version > current:
+        raise SelectionError(f"--as-of-version {version}: {tables.describe(table)} is at version {current}")
+    try:
+        then = tables.open(table)
+        then.load_as_version(version)
+        seen = then.to_pyarrow_dataset().to_table(columns=["message_id", "batch_id"])
+    except Exception as error:  # noqa: BLE001 - vacuumed, or its log entry cleaned up: say which version
+        raise SelectionError(f"--as-of-version {version}: {tables.describe(table)} cannot be read at that "
+                             f"version any more ({error})") from None
+
+    def keys(part: pa.Table) -> pa.Array:
+        return pc.binary_join_element_wise(part["message_id"], pc.fill_null(part["batch_id"], ""), "\x00")
+
+    return pc.is_in(keys(rows), value_set=keys(seen))
 
 
 def check_where(table: str, where: str | None) -> None:

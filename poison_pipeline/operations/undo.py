@@ -50,6 +50,7 @@ from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
+from poison_pipeline.operations import archive as archiving
 from poison_pipeline.operations.actions import (
     ABANDONED,
     DONE,
@@ -63,7 +64,7 @@ from poison_pipeline.operations.actions import (
 )
 from poison_pipeline.operations.requests import ActionContext, Request, not_blank
 from poison_pipeline.storage.intake import record_intake
-from poison_pipeline.storage.tables import PURGED, QueueTables, schema_of
+from poison_pipeline.storage.tables import ARCHIVED, PURGED, QueueTables, schema_of
 from poison_pipeline.storage.writer import QueueWriter, queue_writers
 
 RESTORE, COMPENSATE = "restore", "compensate"
@@ -89,7 +90,8 @@ class UndoResult:
 class UndoOptions(Request):
     """What an undo takes besides a queue: the run config of a queue's undo job in Dagster."""
 
-    action_id: str = Field(description="A redrive, edit or purge (see `poison-pipeline actions`).")
+    action_id: str = Field(description="A redrive, edit, purge, archive or restore (see `poison-pipeline "
+                           "actions`).")
 
     @field_validator("action_id")
     @classmethod
@@ -98,7 +100,7 @@ class UndoOptions(Request):
 
 
 class UndoRequest(UndoOptions):
-    """An undo: a redrive, an edit or a purge reversed."""
+    """An undo: a redrive, an edit, a purge, an archive or a restore reversed."""
 
     queue: str | None = Field(default=None, description="Only an action of this queue.")
 
@@ -487,7 +489,19 @@ def _undo_edit(declaration: Declaration, writer: QueueWriter, action: Action, ac
     return result
 
 
-_UNDOERS = {"redrive": _undo_redrive, "purge": _undo_purge, "edit": _undo_edit}
+def _undo_archive(declaration: Declaration, writer: QueueWriter, action: Action, actor: str, run_id: str,
+                  now: datetime) -> UndoResult:
+    """An archive's markers removed, or a restore's put back: the messages never moved."""
+    touched = [(writer.tables, ARCHIVED)]
+    record = _begin(writer, action, actor, run_id, now, {"how": COMPENSATE}, touched)
+    result = UndoResult(record.action_id, action.action_id, action.kind, COMPENSATE,
+                        restored=archiving.reverse(writer, action, record.action_id))
+    _complete(writer, record, action, result, touched)
+    return result
+
+
+_UNDOERS = {"redrive": _undo_redrive, "purge": _undo_purge, "edit": _undo_edit, "archive": _undo_archive,
+            "restore": _undo_archive}
 
 
 def find_recorded(declaration: Declaration, action_id: str) -> Action | None:

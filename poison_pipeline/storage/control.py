@@ -10,6 +10,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from poison_pipeline.domain.alerts import QUEUE_RECOVERED
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
 from poison_pipeline.storage.files import rows_where_in
@@ -18,6 +19,10 @@ from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 QUEUE_DISABLED = "queue_disabled"
 QUEUE_ENABLED = "queue_enabled"
+# QUEUE_RECOVERED (domain/alerts.py): a probe's enable, of its own kind so that it is alerted apart
+# from an operator's `enable`.
+# A probe that found the outage going on: the queue stays disabled (not a toggle, not alerted).
+PROBE_FAILED = "probe_failed"
 
 
 @dataclass(frozen=True)
@@ -85,11 +90,11 @@ def _state_by_time(tables: QueueTables, events: DeltaTable) -> QueueState:
     """A lake whose toggles were all written before states followed commit order (or a queue never
     toggled, the usual case): the newest toggle event, read from the files that may hold one."""
     toggles = rows_where_in(tables.uri(EVENTS), tables.storage_options, events, "kind",
-                            [QUEUE_DISABLED, QUEUE_ENABLED], schemas.EVENTS)
+                            [QUEUE_DISABLED, QUEUE_ENABLED, QUEUE_RECOVERED], schemas.EVENTS)
     if toggles.num_rows == 0:
         return QueueState(enabled=True, version=events.version())
     last = toggles.sort_by([("at", "descending")]).slice(0, 1).to_pylist()[0]
-    return QueueState(last["kind"] == QUEUE_ENABLED, last["reason"], last["at"], last["actor"], events.version())
+    return QueueState(last["kind"] != QUEUE_DISABLED, last["reason"], last["at"], last["actor"], events.version())
 
 
 class StateNotRecorded(RuntimeError):

@@ -27,6 +27,8 @@ from poison_pipeline.storage.tables import JOURNAL, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
 State = Literal["planned", "staged", "done"]
+# The summary key that keeps a probe's size (JournalEntry.probe).
+_PROBE = "_probe"
 
 
 @dataclass
@@ -39,6 +41,9 @@ class JournalEntry:
     batches: list[str] = field(default_factory=list)
     staging: str = ""
     summary: dict[str, float] = field(default_factory=dict)
+    # A probe of a queue an outage disabled: how many messages it tries (0: a cycle as usual).
+    # Kept in the row's summary until the cycle is done, so that a recovery commits it as a probe.
+    probe: int = 0
 
 
 def _legacy_uri(tables: QueueTables, table: str) -> str:
@@ -55,8 +60,10 @@ def read_entry(tables: QueueTables, table: str, *, snapshot: DeltaTable | None =
             filter=pads.field("waiting_table") == table).to_pylist()
         if rows:
             row = max(rows, key=lambda r: r["seq"])
+            summary = json.loads(row["summary"] or "{}")
+            probe = int(summary.pop(_PROBE, 0))
             return JournalEntry(row["seq"], row["state"], table, row["run_id"], row["started_at"],
-                                list(row["batches"] or []), row["staging"] or "", json.loads(row["summary"] or "{}"))
+                                list(row["batches"] or []), row["staging"] or "", summary, probe)
     found = read_json(_legacy_uri(tables, table), tables.storage_options)
     return None if found is None else JournalEntry(**found)
 
@@ -65,7 +72,8 @@ def write_entry(writer: QueueWriter, entry: JournalEntry) -> None:
     """Replace the entry of its table in one fenced commit (refused once another holder took over)."""
     row = {"waiting_table": entry.table, "seq": entry.seq, "state": entry.state, "run_id": entry.run_id,
            "started_at": entry.started_at, "batches": entry.batches, "staging": entry.staging,
-           "summary": json.dumps(entry.summary), "epoch": writer.epoch}
+           "summary": json.dumps({**entry.summary, **({_PROBE: entry.probe} if entry.probe else {})}),
+           "epoch": writer.epoch}
     quoted = entry.table.replace("'", "''")
     writer.overwrite_where(JOURNAL, pa.Table.from_pylist([row], schema=schemas.JOURNAL),
                            f"waiting_table = '{quoted}'",

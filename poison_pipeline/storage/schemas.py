@@ -84,6 +84,8 @@ ATTEMPT_FIELDS = [
     pa.field("error_message", pa.string()),
     pa.field("error_stack", pa.string()),
     pa.field("error_signature", pa.string()),
+    # The handler's error code (its exception's `code`), which retry rules and `unrecoverable` match.
+    pa.field("error_code", pa.string()),
 ]
 
 ATTEMPTS = pa.schema(
@@ -92,6 +94,9 @@ ATTEMPTS = pa.schema(
         pa.field("table", pa.string()),
         pa.field("cycle", pa.int32()),
         *ATTEMPT_FIELDS,
+        # On a message's last attempt of a cycle that moved it to a retry subqueue: the delay its
+        # policy computed before that retry cycle (back-off, rules, jitter). Null otherwise.
+        pa.field("retry_delay_ms", pa.float64()),
         pa.field("run_id", pa.string()),
         pa.field("cycle_seq", pa.int64()),
         pa.field("date", pa.string()),
@@ -232,6 +237,23 @@ PURGED = pa.schema(
         pa.field("last_error_signature", pa.string()),
         pa.field("failure_group", pa.string()),  # its group id (see `groups`), as --group takes it
         pa.field("purged_at", TS),
+        pa.field("action_id", pa.string()),
+    ]
+)
+
+# A marker per archived failed message (`archive`): the row stays in its table, left out of groups,
+# checks and selections while its marker is here; `restore` removes the marker.
+ARCHIVED = pa.schema(
+    [
+        pa.field("message_id", pa.string()),
+        pa.field("conversation_id", pa.string()),
+        pa.field("message_type", pa.string()),
+        pa.field("from_table", pa.string()),  # poison, dead_letter or quarantine: where the row is
+        pa.field("batch_id", pa.string()),  # the row's batch there: the marker is that row's only
+        pa.field("failed_at", TS),
+        pa.field("last_error_signature", pa.string()),
+        pa.field("failure_group", pa.string()),
+        pa.field("archived_at", TS),
         pa.field("action_id", pa.string()),
     ]
 )

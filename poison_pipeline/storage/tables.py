@@ -41,6 +41,8 @@ TRANSMISSION = "transmission"
 ACTIONS = "actions"
 EDITS = "edits"
 PURGED = "purged"
+# Failed messages an operator archived ("known, ignore it"): a marker per row, which stays where it is.
+ARCHIVED = "archived"
 # The cycle journal: one row per waiting table (storage/journal.py).
 JOURNAL = "journal"
 # Operator actions' plans: one row per part of a plan (storage/plans.py).
@@ -73,6 +75,7 @@ def schema_of(table: str) -> pa.Schema:
         ACTIONS: schemas.ACTIONS,
         EDITS: schemas.EDITS,
         PURGED: schemas.PURGED,
+        ARCHIVED: schemas.ARCHIVED,
         INTAKE: schemas.INTAKE,
         JOURNAL: schemas.JOURNAL,
         PLANS: schemas.PLANS,
@@ -92,7 +95,7 @@ def _quoted(value: str) -> str:
 _ARRIVAL = {DEAD_LETTER: "dead_lettered_at", QUARANTINE: "quarantined_at", PROCESSED: "at",
             ATTEMPTS: "started_at", EVENTS: "at", NOTIFICATIONS: "at", CONVERSATIONS: "at",
             TRANSMISSION: "enqueued_at", ACTIONS: "at", EDITS: "at",
-            PURGED: "purged_at", INTAKE: "at"}
+            PURGED: "purged_at", ARCHIVED: "archived_at", INTAKE: "at"}
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,31 @@ def _whole_due_files(due: np.ndarray, files: np.ndarray, batches: pa.Array) -> n
         if len(newly) == 0:
             return taken
         held = pa.concat_arrays([held, newly])
+
+
+def _first_batches(taken: np.ndarray, files: np.ndarray, batches: pa.Array, rows: np.ndarray,
+                   limit: int) -> np.ndarray:
+    """Of the `taken` files, the first (in log order) whose batches hold at least `limit` rows, with
+    every other taken file that holds one of their batches: a cycle still removes whole batches."""
+    held: dict[int, set[str]] = {}
+    for file, batch in zip(files.tolist(), batches.to_pylist(), strict=True):
+        held.setdefault(file, set()).add(batch)
+    chosen = np.zeros(len(taken), bool)
+    names: set[str] = set()
+    for file in np.flatnonzero(taken).tolist():
+        if int(rows[chosen].sum()) >= limit:
+            break
+        names |= held.get(file, set())
+        # Every taken file holding a chosen batch comes too (and its batches with it).
+        grew = True
+        while grew:
+            grew = False
+            for other in np.flatnonzero(taken & ~chosen).tolist():
+                if held.get(other, set()) & names or other == file:
+                    chosen[other] = True
+                    grew |= not held.get(other, set()) <= names
+                    names |= held.get(other, set())
+    return chosen
 
 
 def whole_file_removes(target: DeltaTable, ids: pa.Array, read: Callable[[list[str]], pa.Table]
@@ -210,7 +238,7 @@ class QueueTables:
     @property
     def all_tables(self) -> tuple[str, ...]:
         return (*self.waiting, DEAD_LETTER, QUARANTINE, PROCESSED, ATTEMPTS, EVENTS, NOTIFICATIONS,
-                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED, JOURNAL, PLANS)
+                CONVERSATIONS, TRANSMISSION, ACTIONS, EDITS, PURGED, ARCHIVED, JOURNAL, PLANS)
 
     def __post_init__(self) -> None:
         segment(self.queue, "queue name")
@@ -340,10 +368,12 @@ class QueueTables:
                 batches.append(ids)
         return np.concatenate(files), pa.concat_arrays(batches)
 
-    def stats(self, table: str, now: datetime, *, snapshot: DeltaTable | None = None) -> TableStats:
+    def stats(self, table: str, now: datetime, *, snapshot: DeltaTable | None = None,
+              limit_rows: int | None = None) -> TableStats:
         """Rows, oldest entry and due batches of a table, from the Delta log's file statistics (and
         the batch ids of the few files that a rewrite left holding several batches). `snapshot`:
-        the table as the caller holds it (a writer's `latest`), else it is loaded."""
+        the table as the caller holds it (a writer's `latest`), else it is loaded. `limit_rows`:
+        only the oldest due batches (in log order), whole, until they hold that many rows (a probe)."""
         target = snapshot if snapshot is not None else self.open(table)
         actions = pa.table(target.get_add_actions(flatten=True))
         if actions.num_rows == 0:
@@ -362,6 +392,8 @@ class QueueTables:
                 zero_copy_only=False)
             files, batches = self._batches_of_files(target, actions)
             taken = _whole_due_files(due, files, batches)
+            if limit_rows is not None:
+                taken = _first_batches(taken, files, batches, rows.to_numpy(zero_copy_only=False), limit_rows)
             picked = pa.array(taken)
             due_rows = pc.sum(rows.filter(picked)).as_py() or 0
             root = self.uri(table)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from poison_pipeline.domain.durations import when
+from poison_pipeline.domain.durations import spoken, when
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.operations.inspect_message import ErrorView, Inspection, Location, printable, render_body
 
@@ -25,6 +25,9 @@ def format_inspection(found: Inspection, now: datetime, stacks: bool = False) ->
         lines.append(f"  ! found in {len(found.locations)} places (expected one)")
     for place in found.locations:
         lines.append(f"  in {place.queue}/{place.table}" + _place_detail(place, now))
+        if place.archived_at is not None:
+            lines.append(f"    archived at {when(place.archived_at)} ({place.archived_by}): left out of groups, "
+                         "checks and alerts until restored")
         counts = [f"{name} {value}" for name, value in (
             ("abort_count", place.abort_count), ("total_abort_count", place.total_abort_count),
             ("move_count", place.move_count)) if value is not None]
@@ -52,6 +55,8 @@ def format_inspection(found: Inspection, now: datetime, stacks: bool = False) ->
         lines.append(
             f"    {when(a.started_at)}  {a.queue}/{a.table} cycle {a.cycle} attempt {a.attempt}"
             f"  {a.outcome}" + (f"  {a.duration_ms:.0f}ms" if a.duration_ms is not None else "")
+            + ("" if a.retry_delay_s is None else
+               f"  -> next retry cycle after {spoken(timedelta(seconds=a.retry_delay_s))}")
         )
         lines.extend(_error_text(a.error, stacks, "      "))
     for e in found.edits:

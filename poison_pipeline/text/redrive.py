@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from poison_pipeline.domain.durations import when
+from poison_pipeline.operations.ramp import RampResult
 from poison_pipeline.operations.redrive import RedriveResult
 from poison_pipeline.text.render import breakdown
 
@@ -37,3 +38,19 @@ def format_redrive(result: RedriveResult) -> str:
     if result.moved:
         lines += breakdown(result.by_group, result.by_message_type, result.sample_ids)
     return "\n".join(lines)
+
+
+def format_ramp(ramp: RampResult) -> str:
+    """A ramp's progress: the step sent, what waits, and how it ended."""
+    steps = ",".join("all" if size is None else str(size) for size in ramp.steps)
+    head = f"ramp {ramp.ramp_id}: {ramp.queue}/{ramp.source}, steps {steps}"
+    if ramp.ramp_id is None:
+        return f"ramp: {ramp.queue}/{ramp.source}: nothing selected, nothing sent"
+    if ramp.state == "stopped":
+        return (f"{head}: stopped at step {ramp.step}: {len(ramp.failed_again) or ramp.parked} message(s) failed "
+                f"again (more than {ramp.max_failures}); {ramp.parked} parked back in {ramp.source}"
+                + (f": {', '.join(ramp.failed_again[:5])}" if ramp.failed_again else ""))
+    if ramp.state == "completed":
+        return f"{head}: completed: {ramp.sent} of {ramp.selected} message(s) sent in {ramp.step} step(s)"
+    return (f"{head}: step {ramp.step} sent ({ramp.sent} of {ramp.selected} so far), {ramp.waiting} waiting for "
+            "a cycle; the queue's cycles go on with it (`actions` shows it, `redrive --id` runs it again)")
