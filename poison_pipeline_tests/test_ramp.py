@@ -14,6 +14,7 @@ import yaml
 from poison_pipeline import cli
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.operations.actions import DONE, PLANNED, find_action, list_actions
+from poison_pipeline.operations.archive import ArchiveRequest, archive
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.redrive import RedriveRequest, redrive
 from poison_pipeline.storage.tables import QueueTables
@@ -123,3 +124,18 @@ def test_a_bad_ramp_is_refused_and_changes_nothing(poisoned, capsys, arguments, 
     assert cli.main(["--config", str(config), "redrive", "q", "--from", "poison", *arguments]) == 2
     assert says in capsys.readouterr().err
     assert table_versions(load_declaration(str(config))) == before
+
+
+def test_a_step_whose_messages_left_their_table_is_skipped_and_the_ramp_completes(spark, poisoned):
+    config, lake = poisoned
+    declaration = load_declaration(str(config))
+    lake.flag.unlink()
+    redrive(declaration, RedriveRequest(queue="q", source_tables=["poison"], ramp=["1", "3", "all"], id="r1"))
+    # Step 2's messages (d1, d2) are archived meanwhile: nothing of step 2 is left to send.
+    archive(declaration, ArchiveRequest(queue="q", table="poison", ids=["d1", "d2"]))
+    run_cycle(spark, declaration, "q", "inbound")  # takes d0; then step 3 goes
+    assert sorted(m for m, p in places(declaration).items() if p == ["inbound"]) == ["d3", "d4", "d5"]
+    run_cycle(spark, declaration, "q", "inbound")
+    ramp = ramp_of(config, "r1")
+    assert (ramp.state, ramp.counts["completed_steps"], ramp.counts["sent"]) == (DONE, 3, 4)
+    assert places(declaration)["d1"] == places(declaration)["d2"] == ["poison"]

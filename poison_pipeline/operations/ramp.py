@@ -131,7 +131,7 @@ def advance_ramp(declaration: Declaration, writer: QueueWriter, action: Action, 
     sent_steps = [k for k in range(1, len(steps) + 1) if find_action(tables, f"{action.action_id}-{k}") is not None]
     step = max(sent_steps, default=0)
     if step == 0:
-        return _send(declaration, writer, action, rows, 1, run_id)
+        return _send(declaration, record, rows, 1, run_id)
     sub = find_action(tables, f"{action.action_id}-{step}")
     assert sub is not None
     waiting = _waiting(tables, sub.action_id)
@@ -142,26 +142,43 @@ def advance_ramp(declaration: Declaration, writer: QueueWriter, action: Action, 
     if len(failed) > most:
         parked = _park(writer, source, failed, action.action_id)
         record.finish({"stopped_at_step": step, "failed_again": len(failed), "parked": parked,
-                       "sent": _sent(rows, step)}, [(tables, source), (tables, INBOUND)])
+                       "sent": _moved(tables, action.action_id, step)}, [(tables, source), (tables, INBOUND)])
         return _result(action, rows, STOPPED, step=step, failed=failed, parked=parked)
-    if step == len(steps) or not rows.filter(pc.greater(rows["step"], step)).num_rows:
-        record.finish({"completed_steps": step, "failed_again": len(failed), "sent": _sent(rows, step)},
-                      [(tables, source), (tables, INBOUND)])
-        return _result(action, rows, COMPLETED, step=step, failed=failed)
-    return _send(declaration, writer, action, rows, step + 1, run_id)
+    return _send(declaration, record, rows, step + 1, run_id, failed)
 
 
-def _send(declaration: Declaration, writer: QueueWriter, action: Action, rows: pa.Table, step: int,
-          run_id: str) -> RampResult:
+def _send(declaration: Declaration, record: Recorded, rows: pa.Table, first: int, run_id: str,
+          failed: list[str] | None = None) -> RampResult:
+    """Send the ramp's next step from `first` on that has a message still in its table: a step whose
+    messages all left it since (redriven, purged, archived) sends nothing and records no redrive, and
+    the next is tried. After the last, the ramp is done."""
     # Imported here: a redrive's completion is among the interrupted actions this module's own
     # completion runs beside.
     from poison_pipeline.operations.redrive import redrive_table
 
+    writer, action = record.writer, record.action
+    assert action is not None
     args = action.arguments
-    ids = tuple(rows.filter(pc.equal(rows["step"], step))["message_id"].to_pylist())
-    redrive_table(declaration, args["queue"], args["from"], Selection(ids=ids), redrive_id=f"{action.action_id}-{step}",
-                  actor=action.actor, run_id=run_id, within=writer)
-    return _result(action, rows, RUNNING, step=step, waiting=_waiting(writer.tables, f"{action.action_id}-{step}"))
+    tables = writer.tables
+    for step in range(first, len(args["steps"]) + 1):
+        ids = tuple(rows.filter(pc.equal(rows["step"], step))["message_id"].to_pylist())
+        if not ids:
+            continue
+        redrive_id = f"{action.action_id}-{step}"
+        redrive_table(declaration, args["queue"], args["from"], Selection(ids=ids), redrive_id=redrive_id,
+                      actor=action.actor, run_id=run_id, within=writer)
+        if find_action(tables, redrive_id) is not None:
+            return _result(action, rows, RUNNING, step=step, waiting=_waiting(tables, redrive_id))
+    last = first - 1
+    record.finish({"completed_steps": last, "failed_again": len(failed or []),
+                   "sent": _moved(tables, action.action_id, last)}, [(tables, args["from"]), (tables, INBOUND)])
+    return _result(action, rows, COMPLETED, step=last, failed=failed)
+
+
+def _moved(tables: QueueTables, ramp_id: str, last: int) -> int:
+    """How many messages the ramp's steps up to `last` sent: what their redrives moved."""
+    steps = (find_action(tables, f"{ramp_id}-{k}") for k in range(1, last + 1))
+    return sum(int(step.counts.get("moved", 0)) for step in steps if step is not None)
 
 
 def _sent(rows: pa.Table, step: int) -> int:
