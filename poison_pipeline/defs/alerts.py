@@ -317,6 +317,24 @@ def _failed_cycles_metadata(events: list[QueueEvent], hook: str | None) -> dict[
     return metadata
 
 
+def _tell(context: OpExecutionContext, declaration: Declaration, events: list[QueueEvent],
+          log: Callable[[str], None]) -> None:
+    """Log each event and call the alert hook with it; the run fails (once every event was told)
+    if the hook failed for any: the alert did not reach anyone."""
+    hook = declaration.alert_hook
+    failed: list[tuple[QueueEvent, Exception, str]] = []
+    for event in events:
+        log(event.describe())
+        cause, hook_error = _call_hook(context, hook, declaration.hook_timeout, event)
+        if cause is not None:
+            failed.append((event, cause, hook_error))
+    if failed:
+        event, cause, hook_error = failed[0]
+        told = "; ".join(f"{e.describe()}; the alert hook {hook} failed: {error}" for e, _, error in failed)
+        raise Failure(description=told, metadata=_failure_metadata(event, hook, hook_error),
+                      allow_retries=False) from cause
+
+
 def messages_failed_job(declaration: Declaration, queue: str) -> JobDefinition:
     hook = declaration.alert_hook
 
@@ -324,17 +342,7 @@ def messages_failed_job(declaration: Declaration, queue: str) -> JobDefinition:
         description=f"Calls the alert hook with what each cycle of {queue} failed, per failure group.")
     def raise_messages_failed(context: OpExecutionContext, config: AlertConfig) -> Output[None]:
         events = config.queue_events(queue)
-        failed: list[tuple[QueueEvent, Exception, str]] = []
-        for event in events:
-            context.log.warning(event.describe())
-            cause, hook_error = _call_hook(context, hook, declaration.hook_timeout, event)
-            if cause is not None:
-                failed.append((event, cause, hook_error))
-        if failed:
-            event, cause, hook_error = failed[0]
-            told = "; ".join(f"{e.describe()}; the alert hook {hook} failed: {error}" for e, _, error in failed)
-            raise Failure(description=told, metadata=_failure_metadata(event, hook, hook_error),
-                          allow_retries=False) from cause
+        _tell(context, declaration, events, context.log.warning)
         return Output(None, metadata=_failed_cycles_metadata(events, hook))
 
     return _alert_job(queue, MESSAGES_FAILED, raise_messages_failed,
@@ -348,12 +356,7 @@ def queue_recovered_job(declaration: Declaration, queue: str) -> JobDefinition:
         description=f"Calls the alert hook with a resumption of {queue} by a probe.")
     def raise_queue_recovered(context: OpExecutionContext, config: AlertConfig) -> Output[None]:
         events = config.queue_events(queue)
-        for event in events:
-            context.log.info(event.describe())
-            cause, hook_error = _call_hook(context, hook, declaration.hook_timeout, event)
-            if cause is not None:
-                raise Failure(description=f"{event.describe()}; the alert hook {hook} failed: {hook_error}",
-                              metadata=_failure_metadata(event, hook, hook_error), allow_retries=False) from cause
+        _tell(context, declaration, events, context.log.info)
         return Output(None, metadata={"event": MetadataValue.text("\n".join(e.describe() for e in events)),
                                       "alert_hook": MetadataValue.text(hook or "none declared")})
 
