@@ -44,7 +44,7 @@ from poison_pipeline.operations.actions import (
 )
 from poison_pipeline.operations.selection import Selection, selected_at
 from poison_pipeline.storage import schemas
-from poison_pipeline.storage.tables import ATTEMPTS, QueueTables, schema_of
+from poison_pipeline.storage.tables import ACTIONS, ATTEMPTS, QueueTables, schema_of
 from poison_pipeline.storage.writer import QueueWriter
 
 __all__ = ["RAMP", "RampResult", "advance_ramp", "advance_ramps", "complete_interrupted_ramp", "start_ramp"]
@@ -110,7 +110,8 @@ def complete_interrupted_ramp(declaration: Declaration, writer: QueueWriter, act
 
 def advance_ramps(declaration: Declaration, writer: QueueWriter, run_id: str) -> None:
     """Advance the queue's ramps in progress: after a cycle's commit, its messages' fate is known."""
-    for action in planned_actions(writer.tables, [RAMP]):
+    # The ledger as the writer holds it: a cycle without ramps pays no load of it.
+    for action in planned_actions(writer.tables, [RAMP], snapshot=writer.latest_if_exists(ACTIONS)):
         advance_ramp(declaration, writer, action, run_id)
 
 
