@@ -338,8 +338,15 @@ def test_killed_after_a_commit_point_and_run_again_it_completes_once(prepared, c
     if step >= answers_done_from(name):
         assert again[scenario.last_answers_done], again
     else:
-        assert again == reference
+        # Taking the lease from the killed holder fenced every table of the queue (an empty commit
+        # each): a plan made only now reads the source a version later than the uninterrupted run did.
+        assert (again.get("source_version") or 0) >= (reference.get("source_version") or 0)
+        assert _without(again, "source_version") == _without(reference, "source_version")
     assert_consistent(declaration, scenario)
+
+
+def _without(result: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k != key}
 
 
 CYCLE_FIRST = [(n, s) for n, s in KILLS if SCENARIOS[n].operation != "undo"]
