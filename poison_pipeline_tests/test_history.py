@@ -89,6 +89,9 @@ def test_inspect_as_of_shows_an_earlier_copy(journey):
         inspect_message(declaration, "m-1", as_of=0)
     with pytest.raises(AsOfError, match="has versions 0 to"):
         inspect_message(declaration, "m-1", as_of=999, table="poison")
+    for far in (10**15, 2**64):  # refused at once, not searched for commit by commit
+        with pytest.raises(AsOfError, match=f"--as-of {far}: q/poison has versions 0 to"):
+            inspect_message(declaration, "m-1", as_of=far, table="poison")
 
 
 def test_the_cli_prints_history_and_inspect_as_of(journey, tmp_path, capsys):

@@ -185,12 +185,17 @@ def _check_table(declaration: Declaration, queues: list[str], table: str) -> Non
 
 def _at(tables: QueueTables, table: str, as_of: AsOf) -> DeltaTable | None:
     if isinstance(as_of, int):
+        latest = tables.open(table).version()
+        missing = AsOfError(f"--as-of {as_of}: {tables.queue}/{table} has versions 0 to {latest} "
+                            "(older ones may have been vacuumed)")
+        # delta-rs looks for every commit up to the version asked for: one far past the latest
+        # would take hours to be found missing.
+        if as_of > latest:
+            raise missing
         try:
             return DeltaTable(tables.uri(table), version=as_of, storage_options=tables.storage_options)
-        except (DeltaError, OverflowError):  # a version past 2**63 is none either
-            latest = tables.open(table).version()
-            raise AsOfError(f"--as-of {as_of}: {tables.queue}/{table} has versions 0 to {latest} "
-                            "(older ones may have been vacuumed)") from None
+        except DeltaError:
+            raise missing from None
     target = tables.open(table)
     if as_of is not None:
         try:
