@@ -139,3 +139,15 @@ def test_a_step_whose_messages_left_their_table_is_skipped_and_the_ramp_complete
     ramp = ramp_of(config, "r1")
     assert (ramp.state, ramp.counts["completed_steps"], ramp.counts["sent"]) == (DONE, 3, 4)
     assert places(declaration)["d1"] == places(declaration)["d2"] == ["poison"]
+
+
+def test_a_dry_run_of_a_ramp_shows_its_steps_and_changes_nothing(poisoned, capsys):
+    config, _ = poisoned
+    before = table_versions(load_declaration(str(config)))
+    command = ["--config", str(config), "redrive", "q", "--from", "poison", "--ramp", "1,4,10,all", "--dry-run"]
+    assert cli.main([*command, "--json"]) == 0
+    preview = json.loads(capsys.readouterr().out)
+    assert (preview["moved"], preview["ramp_steps"]) == (6, [1, 3, 2])  # the 10 and `all` steps send nothing
+    assert cli.main(command) == 0
+    assert "a ramp would send them in 3 step(s) of 1, 3, 2" in capsys.readouterr().out
+    assert table_versions(load_declaration(str(config))) == before

@@ -10,7 +10,6 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-import yaml
 from dagster import (
     AssetMaterialization,
     Config,
@@ -28,7 +27,7 @@ from pydantic import Field
 
 from poison_pipeline.defs.naming import QUEUE_TAG, operator_job_name, operator_op_name, simulation_asset_key
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
-from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_policy
+from poison_pipeline.domain.declaration import Declaration, policy_of_yaml
 from poison_pipeline.domain.durations import parse_duration
 from poison_pipeline.operations.archive import (
     ARCHIVE,
@@ -194,11 +193,7 @@ def _undo(declaration: Declaration, queue: str) -> Callable[..., Output]:
 
 def _simulate(declaration: Declaration, queue: str) -> Callable[..., Output]:
     def run(context: OpExecutionContext, config: SimulateConfig) -> Output:
-        try:
-            data = yaml.safe_load(config.policy_yaml)
-        except yaml.YAMLError as error:
-            raise DeclarationError(f"policy_yaml is not valid YAML: {error}") from None
-        policy = parse_policy(data, "policy_yaml")
+        policy = policy_of_yaml(config.policy_yaml, "policy_yaml")
         since = None if config.since is None else datetime.now(UTC) - parse_duration(config.since)
         found = simulate(declaration, queue, policy, since=since)
         report = simulation_markdown(found)

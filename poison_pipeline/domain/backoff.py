@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator, model_validator
 
@@ -128,11 +128,6 @@ class Backoff(BaseModel):
         if self.jitter.kind is JitterKind.NONE:
             return timedelta(seconds=base)
         return timedelta(seconds=self.jitter.apply(base, draw(seed, cycle)))
-
-    def describe(self) -> dict[str, Any]:
-        return {"initial": _shown(self.initial), "multiplier": self.multiplier,
-                "max": None if self.max is None else _shown(self.max), "jitter": str(self.jitter)}
-
 
 def _shown(value: timedelta) -> str:
     return f"{value.total_seconds():g}s"

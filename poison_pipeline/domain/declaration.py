@@ -378,6 +378,11 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     return parse_policy(_read_yaml(chosen, "policy"), str(chosen))
 
 
+def policy_of_yaml(text: str, source: str) -> Policy:
+    """A policy given as YAML text (a candidate typed into a form), named `source` in errors."""
+    return parse_policy(_yaml(text, f"{source} is"), source)
+
+
 def parse_policy(data: Any, source: str = "<dict>") -> Policy:
     """A policy given as data (`load_policy`), its exception types imported."""
     if isinstance(data, dict) and set(data) == {"policy"}:
@@ -394,11 +399,17 @@ def _read_yaml(path: Path, what: str) -> Any:
     if not path.is_file():
         raise DeclarationError(f"{what} file {path} does not exist")
     try:
-        return yaml.safe_load(path.read_bytes().decode("utf-8"))
+        text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
         raise DeclarationError(f"{what} {path} is not UTF-8 text (byte {error.start})") from None
+    return _yaml(text, f"{what} {path} is")
+
+
+def _yaml(text: str, named: str) -> Any:
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise DeclarationError(f"{what} {path} is not valid YAML: {error}") from None
+        raise DeclarationError(f"{named} not valid YAML: {error}") from None
 
 
 def declaration_path(path: str | os.PathLike[str] | None = None) -> Path:

@@ -22,6 +22,7 @@ leaves the ramp planned, and its next advance removes what is left.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -96,11 +97,19 @@ def start_ramp(declaration: Declaration, queue: str, source: str, selection: Sel
 
 def _plan(rows: pa.Table, steps: Sequence[int | None]) -> pa.Table:
     """Each selected message (oldest failure first) with the step that sends it."""
-    numbers = []
-    for index in range(rows.num_rows):
-        numbers.append(next(k for k, size in enumerate(steps, start=1) if size is None or index < size))
+    numbers = [_step_of(index, steps) for index in range(rows.num_rows)]
     return pa.table({"message_id": rows["message_id"], "source_batch_id": rows["batch_id"],
                      "last_error_signature": rows["last_error_signature"], "step": pa.array(numbers, pa.int32())})
+
+
+def _step_of(index: int, steps: Sequence[int | None]) -> int:
+    """The step (1 for the first) that sends the `index`-th selected message."""
+    return next(k for k, size in enumerate(steps, start=1) if size is None or index < size)
+
+
+def step_sizes(steps: Sequence[int | None], selected: int) -> list[int]:
+    """How many of `selected` messages each step would send (the steps that would send any)."""
+    return list(Counter(_step_of(index, steps) for index in range(selected)).values())
 
 
 def complete_interrupted_ramp(declaration: Declaration, writer: QueueWriter, action: Action, run_id: str) -> None:

@@ -58,7 +58,7 @@ from poison_pipeline.operations.actions import (
     table_version,
 )
 from poison_pipeline.operations.groups import UnknownGroup, group_id, group_key, locate_group
-from poison_pipeline.operations.ramp import RAMP, RampResult, start_ramp
+from poison_pipeline.operations.ramp import RAMP, RampResult, start_ramp, step_sizes
 from poison_pipeline.operations.requests import ActionContext, ActionId, failure_table, not_blank
 from poison_pipeline.operations.selection import (
     Filters,
@@ -147,6 +147,8 @@ class RedriveResult:
     as_recorded: dict[str, Any] = field(default_factory=dict)
     # The version of the source table the selection read (with as_of_version: that version).
     source_version: int | None = None
+    # A dry run with a ramp: how many each step would send, in order.
+    ramp_steps: list[int] = field(default_factory=list)
 
 
 class RedriveOptions(Filters):
@@ -305,6 +307,8 @@ def redrive(declaration: Declaration, request: RedriveRequest, context: ActionCo
     if request.dry_run or (rate is not None and len(sources) > 1):
         previews = [one(s, dry_run=True, rate=None, limit=request.limit) for s in sources]
         if request.dry_run:
+            if request.steps is not None:
+                previews[0].ramp_steps = step_sizes(request.steps, previews[0].moved)
             return RedriveReport(previews)
         rate = (rate or 0) / max(1, sum(1 for p in previews if p.moved))
     results: list[RedriveResult] = []

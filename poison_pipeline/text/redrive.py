@@ -33,6 +33,9 @@ def format_redrive(result: RedriveResult) -> str:
                                                     "(purged, or taken by a cycle, since): not sent")):
         if count:
             lines.append(f"  skipped {count}: {why}")
+    if result.ramp_steps:
+        lines.append(f"  a ramp would send them in {len(result.ramp_steps)} step(s) of "
+                     f"{', '.join(map(str, result.ramp_steps))}, each once a cycle took the one before")
     if result.moved and result.first_due != result.last_due:
         lines.append(f"  released from {when(result.first_due)} to {when(result.last_due)} (--rate)")
     if result.moved:
