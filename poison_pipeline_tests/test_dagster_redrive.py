@@ -299,3 +299,19 @@ def test_an_asset_backfill_over_two_days_launches_one_run_that_redrives_exactly_
         "d0-refund", "d0-withdrawal", "d1-refund", "d1-withdrawal"]
     assert where["d2-withdrawal"] == where["d2-refund"] == ["poison"]
     assert {(a.actor, a.run_id) for a in list_actions(lake, "q")} == {("erin", run.run_id)}
+
+
+def test_a_ramp_from_the_redrive_asset_sends_its_first_step_and_records_its_progress(lake):
+    config = {"source_tables": ["poison"], "ramp": ["1", "all"], "id": "ramp-d"}
+    with DagsterInstance.ephemeral() as instance:
+        preview = redrive_job(lake).execute_in_process(
+            instance=instance, run_config=run_config(OP, {**config, "dry_run": True}), partition_key=day(1))
+        assert preview.success and metadata(preview)["ramp_steps"] == [1, 1]
+        result = redrive_job(lake).execute_in_process(
+            instance=instance, run_config=run_config(OP, config), partition_key=day(1))
+    assert result.success
+    ramp = metadata(result)["ramp"]
+    assert (ramp["ramp_id"], ramp["state"], ramp["step"], ramp["sent"], ramp["selected"]) == ("ramp-d", "running",
+                                                                                              1, 1, 2)
+    assert sorted(m for m, p in places(lake).items() if p == ["inbound"]) == ["d1-refund"]
+    assert find_action(QueueTables.of(lake, "q"), "ramp-d").state != DONE  # the queue's cycles go on with it

@@ -4,6 +4,7 @@ the code the CLI runs)."""
 
 import functools
 from collections import Counter
+from dataclasses import asdict
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +26,11 @@ from poison_pipeline.defs.naming import QUEUE_TAG, asset_key, redrive_asset_key,
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
+from poison_pipeline.operations.ramp import RampResult
 from poison_pipeline.operations.redrive import SAMPLE, RedriveOptions, RedriveRequest, RedriveResult, redrive
 from poison_pipeline.operations.requests import ActionContext
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.text.redrive import format_ramp
 
 if TYPE_CHECKING:
     from poison_pipeline.runs.dagster_types import UnresolvedAssetJobDefinition
@@ -51,7 +54,8 @@ def redrive_id(root: str) -> str:
     return f"redrive-{root}"
 
 
-def _metadata(request: RedriveRequest, start: datetime, end: datetime, results: list[RedriveResult]
+def _metadata(request: RedriveRequest, start: datetime, end: datetime, results: list[RedriveResult],
+              ramp: RampResult | None
               ) -> dict[str, Any]:
     by_group: Counter[str] = Counter()
     by_type: Counter[str] = Counter()
@@ -78,6 +82,9 @@ def _metadata(request: RedriveRequest, start: datetime, end: datetime, results: 
         "source_versions": MetadataValue.json({r.source: r.source_version for r in results}),
         # Action ids for `undo` (nothing is recorded for a dry run or a table with nothing to move).
         "redrive_ids": MetadataValue.json([r.action_id for r in results if r.action_id]),
+        **({} if ramp is None else {"ramp": MetadataValue.json(asdict(ramp))}),
+        # A dry run with a ramp: how many each step would send.
+        **({"ramp_steps": MetadataValue.json(results[0].ramp_steps)} if results and results[0].ramp_steps else {}),
     }
 
 
@@ -109,7 +116,9 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
             context.log.info(f"{queue}/{result.source} -> {result.target}/{INBOUND}: moved {result.moved} of "
                              f"{result.selected} selected ({result.redrive_id}"
                              f"{', completed earlier' if result.already_done else ''})")
-        return MaterializeResult(metadata=_metadata(request, start, end, report.results))
+        if report.ramp is not None:
+            context.log.info(format_ramp(report.ramp))
+        return MaterializeResult(metadata=_metadata(request, start, end, report.results, report.ramp))
 
     return redrive_failures
 
