@@ -129,5 +129,6 @@ class Backoff(BaseModel):
             return timedelta(seconds=base)
         return timedelta(seconds=self.jitter.apply(base, draw(seed, cycle)))
 
+
 def _shown(value: timedelta) -> str:
     return f"{value.total_seconds():g}s"
