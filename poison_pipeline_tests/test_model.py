@@ -162,19 +162,20 @@ class LakeModel(RuleBasedStateMachine):
     def before_move(self, op: str, args: dict[str, Any]) -> None:
         """What the test records before an operation starts: ids that may move or be purged."""
         if op == "redrive" and args.get("to"):
-            for message_id in self.ids(args["queue"], args["source"]):
+            for message_id in self.takeable(args["queue"], args["source"]):
                 if args["queue"] in self.reach[message_id]:
                     self.reach[message_id].add(args["to"])
         if op == "purge":
-            queue = args["queue"]
-            found = self.ids(queue, args["table"])
-            if any(a.state == "planned" and a.queue == queue for a in ms.actions(self.config)):
-                # The purge completes its queue's interrupted actions first: an undo among them may
-                # bring back into the table any message of the queue, or one its redrive sent to
-                # another queue (`--to`): any message that can reach this queue.
-                found = [m for m in ms.places(self.config) if queue in self.reach[m]]
-            for message_id in found:
-                self.purgeable.add((queue, args["table"], message_id))
+            for message_id in self.takeable(args["queue"], args["table"]):
+                self.purgeable.add((args["queue"], args["table"], message_id))
+
+    def takeable(self, queue: str, table: str) -> list[str]:
+        """The ids an operator command on `table` may take. It completes its queue's interrupted
+        actions first: an undo among them may bring back into the table any message of the queue, or
+        one its redrive sent to another queue (`--to`): then any message that can reach this queue."""
+        if any(a.state == "planned" and a.queue == queue for a in ms.actions(self.config)):
+            return [m for m in ms.places(self.config) if queue in self.reach[m]]
+        return self.ids(queue, table)
 
     def cycle_done(self, queue: str, table: str, outcome: str) -> None:
         if outcome.startswith("FAILED"):
