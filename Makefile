@@ -72,8 +72,8 @@ clean:
 	rm -rf $(VENV) site lake demo_lake .dagster_home .spark_connect .mypy_cache *.egg-info tools/azurite/node_modules
 
 # The model-based test of "nothing lost" (poison_pipeline_tests/test_model.py) with its long profile:
-# 2,000 random sequences of 30 steps in chunks, one pytest process per core (four to seven hours on 2
-# cores). Each chunk's counts go to poison_pipeline_tests/results/model_long.jsonl, so a stopped run
+# 2,000 random sequences that ran all their 30 steps, in chunks, one pytest process per core (four to
+# seven hours on 2 cores). Each chunk's counts go to poison_pipeline_tests/results/model_long.jsonl, so a stopped run
 # resumes; the totals are printed at the end (tools/model_long.py --help).
 model: $(STAMP)
 	$(BIN)/python tools/model_long.py

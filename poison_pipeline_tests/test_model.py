@@ -80,6 +80,9 @@ class LakeModel(RuleBasedStateMachine):
     # The storage options of an object store to keep the lake on (the run's S3 server), or None for
     # a local folder.
     store: ClassVar[dict[str, str] | None] = None
+    # The steps a sequence is drawn with. Hypothesis ends some sequences sooner (its mutations can copy
+    # the draw that ends a sequence into an earlier step), so those that ran all of them are counted apart.
+    length: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -100,11 +103,14 @@ class LakeModel(RuleBasedStateMachine):
         self.counter = 0
         self.ids_used: list[str] = []  # redrive/edit/purge ids given, for reuse
         self.history: list[tuple[str, dict[str, Any]]] = []  # operator commands run, to run again
-        self.steps = 0
+        self.steps = 0  # the model's steps: the initializing rule makes several
+        self.rules_run = 0  # hypothesis's steps, what a sequence's length counts
         self.points_seen: dict[tuple[str, bool], int] = {}  # the most commit points a run of an operation made
         COUNTS["model sequences"] += 1
 
     def teardown(self) -> None:
+        if self.rules_run >= self.length:
+            COUNTS["model full-length sequences"] += 1
         try:
             if self.steps:
                 self.settle()
@@ -523,6 +529,9 @@ class LakeModel(RuleBasedStateMachine):
 
     @invariant()
     def books_balance(self) -> None:
+        # Hypothesis runs the invariants after each rule (the initializing one too), never before it.
+        self.rules_run += 1
+        COUNTS["model rules run"] += 1
         if self.steps:
             self.check()
 
@@ -591,6 +600,7 @@ def _settings() -> settings:
 
 
 LakeModel.TestCase.settings = _settings()
+LakeModel.length = LakeModel.TestCase.settings.stateful_step_count
 if os.environ.get("MODEL_REPRODUCE"):  # a blob hypothesis printed: run that one sequence again
     import hypothesis
     hypothesis.reproduce_failure(hypothesis.__version__, os.environ["MODEL_REPRODUCE"].encode())(LakeModel)
@@ -606,8 +616,9 @@ def test_lake_model_on_an_s3_lake(s3_server: dict[str, str]) -> None:
     examples, steps = S3_BUDGET
     chosen = settings(_settings(), max_examples=int(os.environ.get("MODEL_S3_SEQUENCES", examples)),
                       stateful_step_count=steps)
-    LakeModel.store = s3_server
+    length = LakeModel.length
+    LakeModel.store, LakeModel.length = s3_server, steps
     try:
         run_state_machine_as_test(LakeModel, settings=chosen)
     finally:
-        LakeModel.store = None
+        LakeModel.store, LakeModel.length = None, length

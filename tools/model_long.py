@@ -1,9 +1,12 @@
-"""The model test's long profile (`make model`): at least 2,000 random sequences of 30 steps.
+"""The model test's long profile (`make model`): at least 2,000 random sequences that ran all their 30
+steps.
 
 The sequences run in chunks, each a pytest process of its own, `--workers` at a time. Every chunk
 appends one JSON line (its counts, the code it ran, the machine's load) to the results file, so a run
 that was stopped (killed, or asked to by creating `<results>.stop`: the chunks under way finish
-first) resumes where it left off: chunks recorded for the same code count towards the total.
+first) resumes where it left off: chunks recorded for the same code count towards the total. Only
+the sequences that ran all their steps count (hypothesis ends some sooner); chunks go on until
+they reach the total.
 The code is named by a hash of what the model runs: the product's packages below the console and
 Dagster (`MODEL_RUNS`) and the model's test files (`test_model.py` and every test module that is not
 a `test_*.py` file). A commit that touches none of them (the CLI, Dagster's layer, other tests, docs,
@@ -33,6 +36,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "poison_pipeline_tests" / "results" / "model_long.jsonl"
+# A chunk's sequences are those that ran all their steps (hypothesis ends some sooner; the model
+# counts both).
+FULL = "model full-length sequences"
 COUNTS_LINE = re.compile(r"^fuzz \(long profile\): (.*)$", re.MULTILINE)
 TAIL_LINES = 80
 # The product code the model drives (operations in-process, cycles, kills and pauses); the CLI,
@@ -120,24 +126,37 @@ def main(argv: list[str] | None = None) -> int:
     if any(not line["passed"] for line in before):
         print("model_long: a chunk on this code failed already; read its line in", args.results)
         return 1
-    remaining = max(0, args.sequences - sum(line["sequences"] for line in before))
-    chunks = [args.chunk] * (remaining // args.chunk) + ([remaining % args.chunk] if remaining % args.chunk else [])
-    print(f"model_long: {len(before)} chunks recorded on this code, {len(chunks)} to run, {args.workers} at a time",
-          flush=True)
+    done = sum(line["sequences"] for line in before)
+    print(f"model_long: {len(before)} chunks recorded on this code ({done:,} full-length sequences of "
+          f"{args.sequences:,}), {args.workers} at a time", flush=True)
     lock = threading.Lock()
     failed = threading.Event()
+    in_flight = [0]  # sequences asked of the chunks under way in this process
 
     stop = args.results.with_name(args.results.name + ".stop")
     stop.unlink(missing_ok=True)  # it stopped an earlier run
 
+    def next_chunk() -> int:
+        """How many sequences the next chunk asks for, or 0 when none is needed. The file is read
+        again each time: other runs append to it, and a chunk yields fewer full-length sequences
+        than it asks for, so chunks go on until the total is reached."""
+        with lock:
+            if failed.is_set() or stop.exists():
+                return 0
+            done = sum(line["sequences"] for line in recorded(args.results, code, args.steps))
+            size = min(args.chunk, args.sequences - done - in_flight[0])
+            in_flight[0] += max(size, 0)
+            return max(size, 0)
+
     def one(sequences: int) -> None:
-        if failed.is_set() or stop.exists():
-            return
         load = os.getloadavg()
         passed, output, seconds = run_chunk(ROOT, sequences, args.steps)
         counts = parse_counts(output)
+        # A chunk without a full-length sequence (or without its counts line) would count for nothing
+        # and be run again for ever: it fails the run instead, with its output kept.
+        passed = passed and counts[FULL] > 0
         line: dict[str, Any] = {
-            **code, "passed": passed, "sequences": counts["model sequences"] if passed else sequences,
+            **code, "passed": passed, "sequences": counts[FULL] if passed else sequences,
             "steps_per_sequence": args.steps, "counts": dict(sorted(counts.items())),
             "seconds": round(seconds, 1), "load_avg_start": [round(x, 2) for x in load],
             "load_avg_end": [round(x, 2) for x in os.getloadavg()],
@@ -156,18 +175,24 @@ def main(argv: list[str] | None = None) -> int:
         with lock:
             with args.results.open("a") as out:
                 out.write(json.dumps(line) + "\n")
-            print(f"model_long: chunk {'passed' if passed else 'FAILED'}: {line['sequences']} sequences, "
-                  f"{counts['model steps']:,} steps, {seconds:.0f} s", flush=True)
+            in_flight[0] -= sequences
+            print(f"model_long: chunk {'passed' if passed else 'FAILED'}: {line['sequences']} full-length sequences "
+                  f"of {counts['model sequences']}, {counts['model steps']:,} steps, {seconds:.0f} s", flush=True)
+
+    def worker() -> None:
+        while sequences := next_chunk():
+            one(sequences)
 
     with ThreadPoolExecutor(args.workers) as pool:
-        list(pool.map(one, chunks))
+        for running in [pool.submit(worker) for _ in range(args.workers)]:
+            running.result()
 
     lines = recorded(args.results, code, args.steps)
     totals: Counter[str] = Counter()
     for line in lines:
         totals.update(line["counts"])
     print(f"model_long: {len(lines)} chunks on product {code['product'][:12]}, tests {code['model_tests'][:12]}, "
-          f"{sum(line['sequences'] for line in lines):,} sequences, "
+          f"{sum(line['sequences'] for line in lines):,} full-length sequences, "
           f"{sum(not line['passed'] for line in lines)} failed")
     print("fuzz (long profile): " + ", ".join(f"{n:,} {kind}" for kind, n in sorted(totals.items())))
     return 1 if failed.is_set() else 0
