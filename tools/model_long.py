@@ -5,8 +5,8 @@ The sequences run in chunks, each a pytest process of its own, `--workers` at a 
 appends one JSON line (its counts, the code it ran, the machine's load) to the results file, so a run
 that was stopped (killed, or asked to by creating `<results>.stop`: the chunks under way finish
 first) resumes where it left off: chunks recorded for the same code count towards the total. Only
-the sequences that ran all their steps count (hypothesis ends some sooner); chunks go on until
-they reach the total.
+the sequences that ran all their steps count (not one hypothesis gave up on before its last step);
+chunks go on until they reach the total.
 The code is named by a hash of what the model runs: the product's packages below the console and
 Dagster (`MODEL_RUNS`) and the model's test files (`test_model.py` and every test module that is not
 a `test_*.py` file). A commit that touches none of them (the CLI, Dagster's layer, other tests, docs,
@@ -36,8 +36,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "poison_pipeline_tests" / "results" / "model_long.jsonl"
-# A chunk's sequences are those that ran all their steps (hypothesis ends some sooner; the model
-# counts both).
+# A chunk's sequences are those that ran all their steps (the model counts those and all it began).
 FULL = "model full-length sequences"
 COUNTS_LINE = re.compile(r"^fuzz \(long profile\): (.*)$", re.MULTILINE)
 TAIL_LINES = 80
