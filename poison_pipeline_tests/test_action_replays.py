@@ -402,6 +402,28 @@ def test_an_undo_of_a_redrive_to_another_queue_completed_after_that_queue_moved_
     assert (accounted(declaration, "qc"), accounted(declaration, "qa")) == (0, 3)
 
 
+def test_an_interrupted_redrive_completes_though_its_target_sent_a_copy_on(make_declaration, monkeypatch):
+    """Found by the model's long profile: a redrive `--to` killed after its append; the target's cycle
+    took the copies and the target's own redrive sent one back to its inbound, under a batch of its
+    own. Completing the interrupted redrive still removes every original from the source: once the
+    append landed, where the target takes a copy is the target's affair."""
+    declaration = lake(make_declaration, "qa", "qc")
+    send(declaration, "qa", {"m1": {"fail": True}, "m2": {"fail": True}})
+    cycle(declaration, "qa")
+    with monkeypatch.context() as patch:
+        kill_before(patch, redrive_module, "_remove_from_source", 1)  # in qc/inbound, still in qa/poison
+        with pytest.raises(Killed):
+            redrive_table(declaration, "qa", POISON, to="qc", redrive_id="r1")
+    cycle(declaration, "qc")
+    assert places(declaration, "qc") == {"m1": [POISON], "m2": [POISON]}
+    assert redrive_table(declaration, "qc", POISON, Selection(ids=("m1",))).moved == 1
+    assert cycle(declaration, "qa").interrupted.completed == ["r1"]
+    assert find_action(QueueTables.of(declaration, "qa"), "r1").state == DONE
+    assert places(declaration, "qa") == {}
+    assert places(declaration, "qc") == {"m1": [INBOUND], "m2": [POISON]}
+    assert (accounted(declaration, "qa"), accounted(declaration, "qc")) == (0, 2)
+
+
 def test_a_redrive_run_again_by_its_id_with_other_arguments_completes_as_recorded(make_declaration, monkeypatch):
     """Found by the model's long profile: a redrive into another queue killed after its append, run
     again by its id without `--to`, sent the planned messages to its own queue as well."""

@@ -57,6 +57,15 @@ class Action:
     run_id: str = "manual"
     finished_at: datetime | None = None
 
+    def version_before(self, tables: QueueTables, table: str) -> int | None:
+        """The version `table` had when the action began (-1: it did not exist yet), or None when the
+        action did not record that table."""
+        entry = self.versions.get(_table_key(tables, table))
+        if entry is None:
+            return None
+        before = entry.get("before")
+        return -1 if before is None else before
+
 
 def default_actor() -> str:
     """Who is acting when nobody says: the operating system's login name."""

@@ -11,10 +11,13 @@ lease, once the queue's cycles a kill left staged are finished:
    any point and started again with the same id moves at most the same messages;
 3. the rows appended to the target's inbound, one chunk of due times at a time, each chunk under the
    app transaction (source queue, redrive id, chunk number): a replay skips the chunks committed;
-4. the rows removed from the source, only those whose copies are verifiably in the target (in its
-   inbound under the redrive's batch, or where a cycle of the target took them since): a chunk the
-   target's log shows committed whose messages are nowhere in the target is a loud RedriveError,
-   and those messages stay in the source;
+4. the rows removed from the source once the target's log shows their chunk committed: from then on
+   the copies are the target's, wherever its cycles and commands take them. No command restores an
+   inbound; after a RESTORE of the target's inbound run by hand (which can take an append back while
+   its app transaction stays), only those whose copies are found in the target (in its inbound under
+   the redrive's batch, or where a cycle of the target took them since) leave the source: a chunk
+   committed whose messages are nowhere in the target is a loud RedriveError, and those messages
+   stay in the source;
 5. recorded `done` with its counts; the plan is removed. Run again after that, it moves nothing.
 
 A replay (the same id after a kill, or a cycle completing the interrupted redrive) moves only the
@@ -545,7 +548,9 @@ def _run(declaration: Declaration, request: TableRedrive, writer: QueueWriter, r
         counts = json.loads(rows["plan_counts"][0].as_py()) if rows.num_rows else {}
         in_place = still_in_place(tables, request.source, rows, "source_batch_id",
                                   plan.versions.get(request.source))
-    moved = _send(writer, target, request, redrive_id, in_place, rows, now, progress)
+    assert record.action is not None  # begun above, or recorded by the run this one completes
+    moved = _send(writer, target, request, redrive_id, in_place, rows, now, progress,
+                  since=record.action.version_before(target, INBOUND))
     skipped = rows.num_rows - moved.num_rows
     result = _summary_of(moved, counts, request, redrive_id, False)
     result.skipped_moved_since = skipped
@@ -570,10 +575,12 @@ def still_in_place(tables: QueueTables, table: str, rows: pa.Table, batch_column
 
 
 def _send(writer: QueueWriter, target: QueueTables, request: TableRedrive, redrive_id: str,
-          in_place: pa.Table, planned: pa.Table, now: datetime, progress: Callable[[int, int], None]) -> pa.Table:
+          in_place: pa.Table, planned: pa.Table, now: datetime, progress: Callable[[int, int], None], *,
+          since: int | None) -> pa.Table:
     """Append the rows still in place to the target, chunk by chunk, and remove from the source those
-    whose copies are verifiably in the target; returns the planned rows this redrive moved (by this
-    run or by the interrupted one it completes)."""
+    whose copies verifiably landed in the target; returns the planned rows this redrive moved (by this
+    run or by the interrupted one it completes). `since`: the target inbound's version when the
+    redrive began (None: not recorded)."""
     tables = writer.tables
     if planned.num_rows == 0:
         return planned
@@ -597,7 +604,13 @@ def _send(writer: QueueWriter, target: QueueTables, request: TableRedrive, redri
         sent += part.num_rows
         progress(sent, in_place.num_rows)
     committed = target.open(INBOUND).transaction_version(app) or 0
-    landed = _landed(target, planned, committed, (tables.queue, request.source))
+    if since is not None and not _restored_since(target, since):
+        # No append was taken back: a chunk the log shows committed landed, and its copies are the
+        # target's own since, wherever its cycles and commands took them (another batch of its
+        # inbound, its archive, another queue): a search of the target could miss them.
+        landed = _appended(planned, committed)["message_id"].unique()
+    else:
+        landed = _landed(target, planned, committed, (tables.queue, request.source))
     verified = in_place.filter(pc.is_in(in_place["message_id"], value_set=landed))
     _remove_from_source(writer, request.source, verified)
     unverified = sorted(set(in_place["message_id"].to_pylist()) - set(landed.to_pylist()))
@@ -610,12 +623,27 @@ def _send(writer: QueueWriter, target: QueueTables, request: TableRedrive, redri
     return planned.filter(pc.is_in(planned["message_id"], value_set=landed))
 
 
+def _appended(planned: pa.Table, committed: int) -> pa.Table:
+    """The planned rows whose chunk the target's log shows appended (`committed`: the version of the
+    redrive's app transaction there)."""
+    return planned.filter(pc.less_equal(pc.add(planned["chunk"], 1), committed))
+
+
+def _restored_since(target: QueueTables, version: int) -> bool:
+    """Whether a Delta RESTORE of the target's inbound was committed after `version` (-1: since it was
+    created). No command restores an inbound (a redrive's undo compensates); one run by hand can take
+    an append back while its app transaction stays."""
+    inbound = target.open(INBOUND)
+    newer = inbound.version() - version
+    return newer > 0 and any(entry.get("operation") == "RESTORE" for entry in inbound.history(newer))
+
+
 def _landed(target: QueueTables, planned: pa.Table, committed: int, source: tuple[str, str]) -> pa.Array:
-    """The ids of the planned rows whose chunk the target's log shows appended (`committed`: the
-    app transaction's version) and whose copy is in the target: in its inbound under the chunk's
-    batch, or, for one a cycle took since, in another of its tables or its processed ledger (a
-    copy in the redrive's own source row does not count)."""
-    appended = planned.filter(pc.less_equal(pc.add(planned["chunk"], 1), committed))
+    """After a RESTORE of the target's inbound: the ids of the planned rows whose chunk its log shows
+    appended and whose copy is found in the target: in its inbound under the chunk's batch, or, for
+    one a cycle took since, in another of its tables or its processed ledger (a copy in the
+    redrive's own source row does not count)."""
+    appended = _appended(planned, committed)
     if appended.num_rows == 0:
         return pa.array([], pa.string())
     ids = pa.array(sorted(set(appended["message_id"].to_pylist())), pa.string())
