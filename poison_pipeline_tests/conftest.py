@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +18,69 @@ from poison_pipeline.domain.declaration import Declaration, SparkSettings, parse
 from poison_pipeline.engine.session import build_session
 from poison_pipeline_tests import azure_support, s3_support
 from poison_pipeline_tests.fuzz_support import COUNTS, active_profile, register_profiles
+from poison_pipeline_tests.support import kill_seed
 
 SPARK = SparkSettings(master="local[2]", config={"spark.sql.shuffle.partitions": "2"})
 register_profiles()
 
 
+def pytest_configure(config: Any) -> None:
+    """The width the operator commands render their tables at, the same in a terminal, a pipe and a
+    pytest-xdist worker (whose stdout is neither): `text/render.py` falls back to 160 columns."""
+    os.environ["COLUMNS"] = "160"
+
+
+def pytest_report_header(config: Any) -> str:
+    return (f"kill campaigns: seed {kill_seed()} (KILL_SEED=N draws other points; the points a seed leaves out "
+            "are marked `full`: make test-all runs them)")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """What the fuzz tests generated, so a run says how much it tried (`make fuzz` reports it)."""
+    """What the fuzz tests generated, so a run says how much it tried (`make fuzz` reports it); and,
+    with $TEST_STAGE set (the Makefile's stages), the stage's result line (`stage_line`)."""
+    stage_line(terminalreporter)
     if COUNTS:
         counted = ", ".join(f"{count:,} {kind}" for kind, count in sorted(COUNTS.items()))
         terminalreporter.write_line(f"fuzz ({active_profile()} profile): {counted}")
+
+
+STAGES = Path(__file__).parent / "results" / "test_stages.jsonl"
+_STARTED = time.time()
+_LOAD_BEFORE = os.getloadavg()
+
+
+def stage_line(terminalreporter: Any) -> None:
+    """One JSON line per stage of `make test` / `make test-all` ($TEST_STAGE names it), appended to
+    results/test_stages.jsonl: its seconds, its tests by outcome, the machine's load before and after,
+    and its ten slowest tests (setup, call and teardown added up), so where the time goes is kept."""
+    stage = os.environ.get("TEST_STAGE")
+    if not stage or hasattr(terminalreporter.config, "workerinput"):
+        return
+    seconds: dict[str, float] = {}
+    outcomes: dict[str, int] = {}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        reports = terminalreporter.stats.get(outcome, [])
+        outcomes[outcome] = len({r.nodeid for r in reports if r.when == "call" or outcome != "passed"})
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "duration", None) is not None and getattr(report, "nodeid", ""):
+                seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
+    slowest = sorted(seconds.items(), key=lambda item: -item[1])[:10]
+    line = {"stage": stage, "seconds": round(time.time() - _STARTED, 1), "tests": outcomes,
+            "workers": int(getattr(terminalreporter.config.option, "numprocesses", 0) or 0),
+            "load_avg_before": [round(x, 2) for x in _LOAD_BEFORE],
+            "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+            "slowest": [[nodeid, round(took, 2)] for nodeid, took in slowest],
+            "git_commit": _commit(), "at": datetime.now(UTC).isoformat(timespec="seconds")}
+    STAGES.parent.mkdir(exist_ok=True)
+    with STAGES.open("a") as stream:
+        stream.write(json.dumps(line) + "\n")
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                          text=True, check=False)
+    return done.stdout.strip() or "unknown"
 
 
 # What a test of the engine room takes: Spark, a lake in its own folder, a store's server.

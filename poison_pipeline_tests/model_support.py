@@ -462,6 +462,12 @@ def _acting() -> Any:
 _CONTEXT: Any = None
 
 
+def warm_context() -> Any:
+    """The multiprocessing context whose children fork from the warm fork server (one per test
+    process): the product's modules are imported there once."""
+    return _context()
+
+
 def _context() -> Any:
     global _CONTEXT
     if _CONTEXT is None:
@@ -472,7 +478,8 @@ def _context() -> Any:
             "poison_pipeline.operations.purge", "poison_pipeline.operations.undo", "poison_pipeline.operations.archive",
             "poison_pipeline.operations.ramp",
             "poison_pipeline.operations.enqueue", "poison_pipeline.operations.maintenance",
-            "poison_pipeline.operations.end_conversation", "deltalake", "pyarrow.parquet"])
+            "poison_pipeline.operations.end_conversation", "poison_pipeline_tests.operation_process",
+            "deltalake", "pyarrow.parquet"])
     return _CONTEXT
 
 

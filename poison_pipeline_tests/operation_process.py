@@ -3,7 +3,9 @@ commit points: `python -m poison_pipeline_tests.operation_process CONFIG OPERATI
 
 OPERATION is redrive, edit, purge or undo; ARGS is the JSON of its arguments (`run_operation`). STEP
 0 runs the command through and prints, as JSON, its result and every commit point it made, in
-order; STEP N prints the Nth commit point and kills the process right after it.
+order; STEP N prints the Nth commit point and kills the process right after it. The tests call
+`run_forked`, which runs the same `main` in a child forked from the model test's fork server (the
+product imported once), so a kill point costs milliseconds to start, not the seconds of an import.
 
 A commit point is anything a run killed right after leaves durable: a Delta commit to any table of
 the lake (seen on disk, as a new `_delta_log` entry, whenever a call into delta-rs returns, so a
@@ -20,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
@@ -157,6 +161,35 @@ def main(config: str, operation: str, step: str, args_json: str) -> None:
     with watch:
         result = run_operation(declaration, operation, json.loads(args_json))
     print(json.dumps({"result": result, "commits": watch.points, "unseen": watch.unseen()}), flush=True)
+
+
+def _forked_main(out: str, err: str, *argv: str) -> None:
+    """The body of a forked child: `main`, its output to the files the parent reads."""
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the child's own stdout
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    main(*argv)
+
+
+def run_forked(config: str, operation: str, step: int, args: dict[str, Any],
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python -m poison_pipeline_tests.operation_process ...` as a child of the warm fork server:
+    its exit code (-9 when killed), stdout and stderr, as `subprocess.run` would give them."""
+    from poison_pipeline_tests.model_support import warm_context
+
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = os.path.join(folder, "out"), os.path.join(folder, "err")
+        child = warm_context().Process(target=_forked_main,
+                                       args=(out, err, config, operation, str(step), json.dumps(args)))
+        child.start()
+        child.join(timeout)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(f"{operation} {step}", timeout)
+        return subprocess.CompletedProcess([operation, str(step)], child.exitcode,
+                                           Path(out).read_text(), Path(err).read_text())
 
 
 if __name__ == "__main__":

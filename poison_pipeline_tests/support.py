@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import random
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from poison_pipeline.domain.declaration import Declaration
@@ -13,6 +15,28 @@ from poison_pipeline.storage.tables import ATTEMPTS, QueueTables
 from poison_pipeline.storage.writer import queue_writer
 
 HANDLER = "poison_pipeline_tests.handlers:scripted"
+
+
+def kill_seed() -> int:
+    """The seed of every kill campaign's draws: $KILL_SEED, 1 unless set, so `make test` draws the same
+    points every run (it fails for a change, not for a draw) and `KILL_SEED=N` draws others; the
+    test run's header prints it (conftest.py)."""
+    return int(os.environ.get("KILL_SEED", "1"))
+
+
+def kill_sample(points: Sequence[tuple[str, int]], per_group: int) -> list[Any]:
+    """`points` as pytest parameters: `per_group` of each group's points (the first item names the
+    group), drawn with `kill_seed()`, run by `make test`; the others are marked `full`, run by
+    `make test-all` only. Every group keeps a kill in the quick run, and the draw is the same in
+    every pytest-xdist worker (the seed is), so they collect the same tests."""
+    import pytest
+
+    groups: dict[Hashable, list[tuple[str, int]]] = defaultdict(list)
+    for point in points:
+        groups[point[0]].append(point)
+    rng = random.Random(kill_seed())
+    drawn = {p for group in groups.values() for p in rng.sample(group, min(per_group, len(group)))}
+    return [pytest.param(*p, id=f"{p[0]}-{p[1]}", marks=() if p in drawn else pytest.mark.full) for p in points]
 
 
 def queue(**policy: Any) -> dict[str, Any]:

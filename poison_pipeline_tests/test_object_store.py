@@ -7,7 +7,6 @@ server (`s3_server`, conftest)."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -22,6 +21,7 @@ from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests import model_support as ms
 from poison_pipeline_tests import store_scenarios
 from poison_pipeline_tests.s3_support import BUCKET, fresh_root
+from poison_pipeline_tests.support import kill_seed
 
 pytestmark = pytest.mark.e2e
 SECRET = "wrong-but-secret-7f3a"
@@ -87,7 +87,7 @@ def test_killed_at_random_commit_points_on_an_s3_lake_nothing_is_lost_and_nothin
     queue's books balance and no action is left half done. `make test` draws the same points every
     time (a CI run fails for a change, not a draw); `KILL_SEED` draws others, and the seed is in every
     failure message."""
-    seed = int(os.environ.get("KILL_SEED", 1))
+    seed = kill_seed()
     rng = random.Random(seed)
     config = ms.write_declaration(tmp_path, expiry=ms.STORE_EXPIRY_SECONDS, store=(fresh_root("kills"), s3_server))
     accepted: Counter[str] = Counter()

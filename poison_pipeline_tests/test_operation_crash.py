@@ -15,7 +15,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,8 +36,8 @@ from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.storage.tables import ACTIONS, PLANS, PURGED, QueueTables
 from poison_pipeline_tests.conftest import SPARK
-from poison_pipeline_tests.operation_process import run_operation
-from poison_pipeline_tests.support import places, rows
+from poison_pipeline_tests.operation_process import run_forked, run_operation
+from poison_pipeline_tests.support import kill_sample, places, rows
 
 RECORDING = "poison_pipeline_tests.recording_handlers:recording"
 POLICY = {"receive_retry_count": 1, "max_retry_cycles": 0, "retry_cycle_delay": 0,
@@ -253,9 +252,7 @@ def _run_process(declaration: Declaration, folder: Path, scenario: Scenario, at:
                  step: int) -> subprocess.CompletedProcess[str]:
     config = folder / "config.yaml"
     config.write_text(yaml.safe_dump(json.loads(declaration.model_dump_json())))
-    return subprocess.run([sys.executable, "-m", "poison_pipeline_tests.operation_process", str(config),
-                           scenario.operation, str(step), json.dumps(_args(scenario, at))],
-                          capture_output=True, text=True, timeout=120)
+    return run_forked(str(config), scenario.operation, step, _args(scenario, at))
 
 
 def _copy(prepared: Callable[[str], tuple[Path, datetime]], name: str, tmp_path: Path) -> tuple[Declaration, datetime]:
@@ -324,7 +321,7 @@ def answers_done_from(name: str) -> int:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name, step", KILLS, ids=[f"{n}-{s}" for n, s in KILLS])
+@pytest.mark.parametrize("name, step", kill_sample(KILLS, per_group=2))
 def test_killed_after_a_commit_point_and_run_again_it_completes_once(prepared, census, tmp_path, name, step):
     scenario = SCENARIOS[name]
     reference = census(name)["result"]
@@ -353,7 +350,7 @@ CYCLE_FIRST = [(n, s) for n, s in KILLS if SCENARIOS[n].operation != "undo"]
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name, step", CYCLE_FIRST, ids=[f"{n}-{s}" for n, s in CYCLE_FIRST])
+@pytest.mark.parametrize("name, step", kill_sample(CYCLE_FIRST, per_group=1))
 def test_killed_then_a_cycle_of_its_queue_completes_it_before_taking_any_message(
         spark, prepared, tmp_path, name, step):
     """Nobody runs the command again: the queue's next cycles (inbound, then poison) find it planned

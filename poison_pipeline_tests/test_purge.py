@@ -8,8 +8,6 @@ import io
 import json
 import shutil
 import signal
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from poison_pipeline.storage.tables import PLANS, QueueTables
 from poison_pipeline.storage.writer import Committer, QueueWriter
 from poison_pipeline.text.purge import format_purge
 from poison_pipeline_tests.conftest import SPARK
+from poison_pipeline_tests.operation_process import run_forked
 from poison_pipeline_tests.support import rows, table_versions
 from poison_pipeline_tests.test_operation_crash import COMMITS
 
@@ -338,9 +337,7 @@ def test_a_real_kill_9_after_each_commit_point_and_the_next_purge_completes_it(l
     now = datetime.now(UTC) + LATER
     args = {"queue": "q", "table": "poison", "older_than": "30d", "selection": {"message_type": "withdrawal"},
             "id": "p1", "now": now.isoformat()}
-    killed = subprocess.run([sys.executable, "-m", "poison_pipeline_tests.operation_process",
-                             _config(declaration, tmp_path), "purge", str(step), json.dumps(args)],
-                            capture_output=True, text=True, timeout=120)
+    killed = run_forked(_config(declaration, tmp_path), "purge", step, args)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     assert json.loads(killed.stdout.splitlines()[-1])["commit"] == PURGE_COMMITS[step - 1]
     # The next purge of the queue, whatever it asks, completes p1 first (once the lease the killed
