@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test docs fuzz model ui bench bench-quick soak lint java browser azurite clean
+.PHONY: demo test test-all docs fuzz model ui bench bench-quick soak lint java browser azurite clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=/path/to/python3.11)")'
@@ -28,17 +28,27 @@ azurite:
 demo: java $(STAMP)
 	$(BIN)/python -m poison_pipeline.demo
 
-# The linter and the type checker (pyproject.toml: strict on domain/ and operations/), the
-# documentation site (`make docs`: a broken link fails it), the default suite (it stops there on a
-# failure), the bounded model-based test (a process of its own: it patches delta-rs to count
-# commits), then the slower end-to-end tests.
+# `make test`, the loop before a change (about 15 minutes on 2 cores): the linter and the type checker
+# (pyproject.toml: strict on domain/ and operations/), the documentation site (a broken link fails it),
+# the default suite, the bounded model-based test (processes of their own: it patches delta-rs to
+# count commits), then the end-to-end core (a full scenario, kills at a seeded sample of every
+# campaign's commit points, lakes on S3 and Azurite, the operator's browser tour). Each pytest stage
+# runs on two workers (pytest-xdist: a SparkSession, a lake root and servers of its own each) and
+# stops make on a failure; each appends its result line to poison_pipeline_tests/results/test_stages.jsonl.
+# `make test-all` (CI; about 25 minutes): `make test`, then what it samples or leaves out (marked
+# `full`: every other kill point, the soak minute, the clusters, the sensors' tour, 50 runs in a row).
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider -n 2 --durations=15
+
 test: java browser azurite $(STAMP)
 	$(BIN)/ruff check poison_pipeline poison_pipeline_tests benchmarks tools
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
-	$(BIN)/pytest -q -m "not e2e and not model"
-	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -q -p no:cacheprovider -m model poison_pipeline_tests/test_model.py
-	$(BIN)/pytest -q -m "e2e and not model"
+	TEST_STAGE=default $(PYTEST) -m "not e2e and not model and not full"
+	TEST_STAGE=model HYPOTHESIS_PROFILE=ci $(PYTEST) -m model poison_pipeline_tests/test_model.py
+	TEST_STAGE=e2e-core $(PYTEST) -m "e2e and not model and not full"
+
+test-all: test
+	TEST_STAGE=full $(PYTEST) -m "full and not model"
 
 # The fuzz tests with hypothesis's long profile (`make test` runs them bounded): at least 10,000
 # generated envelopes, declarations and argument lists; the counts are printed at the end.

@@ -30,6 +30,17 @@ def pytest_configure(config: Any) -> None:
     os.environ["COLUMNS"] = "160"
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands its fuzz counts to the controller, which prints them."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["fuzz_counts"] = dict(COUNTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    COUNTS.update(getattr(node, "workeroutput", {}).get("fuzz_counts", {}))
+
+
 def pytest_report_header(config: Any) -> str:
     return (f"kill campaigns: seed {kill_seed()} (KILL_SEED=N draws other points; the points a seed leaves out "
             "are marked `full`: make test-all runs them)")

@@ -25,7 +25,6 @@ from poison_pipeline_tests.test_cli import write_config, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
-RUNS = 50  # in a row, per command
 AT_ONCE = 2  # commands running at a time (each one's runs stay in a row)
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = Path(sys.executable).with_name("poison-pipeline")
@@ -102,11 +101,11 @@ def _problem(run: Run, done: subprocess.CompletedProcess[str]) -> str | None:
             f"stderr ends {done.stderr[-300:]!r}; stdout ends {done.stdout[-300:]!r}")
 
 
-def _in_a_row(config: Path, command: str) -> tuple[Counter[int], list[str]]:
+def _in_a_row(config: Path, command: str, times: int) -> tuple[Counter[int], list[str]]:
     runs = COMMANDS[command]
     codes: Counter[int] = Counter()
     problems: list[str] = []
-    for number in range(RUNS):
+    for number in range(times):
         run = runs[number % len(runs)]
         done = _run(config, [str(COMMAND)], run)
         codes[done.returncode] += 1
@@ -127,10 +126,14 @@ def test_arrow_releasing_what_was_read_late_does_not_abort_the_command(lake: Pat
     assert not problems
 
 
-def test_every_command_exits_with_its_documented_code_50_times_in_a_row(lake: Path) -> None:
+# `make test` runs each command 10 times in a row, `make test-all` 50 times too: an exit code that goes
+# wrong now and then (a late release by Arrow, above) shows only over many runs.
+@pytest.mark.parametrize("runs", [10, pytest.param(50, marks=pytest.mark.full)])
+def test_every_command_exits_with_its_documented_code_every_time_in_a_row(lake: Path, runs: int) -> None:
     assert COMMAND.exists(), f"{COMMAND} is not installed (make .venv/.installed-stamp)"
     with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
-        results = dict(zip(COMMANDS, pool.map(lambda command: _in_a_row(lake, command), COMMANDS), strict=True))
+        results = dict(zip(COMMANDS, pool.map(lambda command: _in_a_row(lake, command, runs), COMMANDS),
+                           strict=True))
     failed = {command: (dict(codes), problems[:3]) for command, (codes, problems) in results.items() if problems}
     assert not failed, f"exit codes per command, and the first problems: {failed}"
 

@@ -30,7 +30,7 @@ from poison_pipeline_tests.s3_support import fresh_root
 from poison_pipeline_tests.standalone import StandaloneCluster, start_cluster
 from poison_pipeline_tests.support import HANDLER, attempts_of, places
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.full]
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = {"receive_retry_count": 1, "max_retry_cycles": 1, "retry_cycle_delay": 0,

@@ -41,7 +41,7 @@ from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.status import queue_status
 from poison_pipeline.storage.tables import QueueTables
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.full]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
