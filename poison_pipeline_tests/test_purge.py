@@ -31,7 +31,7 @@ from poison_pipeline.storage.writer import Committer, QueueWriter
 from poison_pipeline.text.purge import format_purge
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.operation_process import run_forked
-from poison_pipeline_tests.support import rows, table_versions
+from poison_pipeline_tests.support import kill_sample, rows, table_versions
 from poison_pipeline_tests.test_operation_crash import COMMITS
 
 RECORDING = "poison_pipeline_tests.recording_handlers:recording"
@@ -331,8 +331,9 @@ def test_an_age_in_plain_seconds_is_taken_on_the_command_line(lake, tmp_path, ca
 PURGE_COMMITS = COMMITS["purge"]  # the census in test_operation_crash keeps it true to the code
 
 
-@pytest.mark.parametrize("step", range(1, len(PURGE_COMMITS) + 1))
-def test_a_real_kill_9_after_each_commit_point_and_the_next_purge_completes_it(lake, tmp_path, step):
+@pytest.mark.parametrize("command, step", kill_sample([("purge", s) for s in range(1, len(PURGE_COMMITS) + 1)],
+                                                     per_group=2))
+def test_a_real_kill_9_after_each_commit_point_and_the_next_purge_completes_it(lake, tmp_path, command, step):
     declaration, _ = lake
     now = datetime.now(UTC) + LATER
     args = {"queue": "q", "table": "poison", "older_than": "30d", "selection": {"message_type": "withdrawal"},
