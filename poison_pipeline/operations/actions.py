@@ -273,6 +273,16 @@ def abandon_action(writer: QueueWriter, action: Action, why: str, now: datetime 
     return closed
 
 
+def note_left(writer: QueueWriter, action: Action, why: str) -> Action:
+    """Record on a planned action why its completion was left (`left` in its counts, which
+    `poison-pipeline actions` shows); written once per reason, not at every cycle that finds it."""
+    if action.counts.get("left") == why:
+        return action
+    noted = Action(**{**action.__dict__, "counts": {**action.counts, "left": why}})
+    _update(writer, noted)
+    return noted
+
+
 def mark_undone(writer: QueueWriter, action: Action) -> Action:
     undone = Action(**{**action.__dict__, "state": UNDONE})
     _update(writer, undone)

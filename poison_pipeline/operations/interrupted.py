@@ -12,8 +12,12 @@ default id was never printed, so nobody could run it again by its id: it is clos
 (nothing moved, nothing to undo); the operator runs the command again as a new action. A purge has
 all it needs in its record (its selection and cut-off) and is completed as recorded.
 A completion moves only the messages still where the action's plan found them (each command's own
-resume path checks it) and counts the others as moved since; one that refuses to go on (a redrive
-whose committed chunk is nowhere in its target) is left, with its error, and the cycle goes on.
+resume path checks it) and counts the others as moved since. One that cannot go on, whatever stops
+it (a redrive whose committed chunk is nowhere in its target, a version a vacuum deleted, a missing
+file, any other error), is left `planned` for the operator with its reason recorded in its counts
+(`left`, shown by `poison-pipeline actions`) and in the report's `interrupted`, and the cycle or
+command goes on: a queue is never wedged by one action. Only a lost lease stops it (its holder may
+write nothing more).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from poison_pipeline.operations.actions import (
     Action,
     abandon_action,
     find_action,
+    note_left,
     planned_actions,
 )
 from poison_pipeline.operations.archive import ArchiveError, complete_interrupted_archive
@@ -38,11 +43,13 @@ from poison_pipeline.operations.purge import PurgeError
 from poison_pipeline.operations.ramp import complete_interrupted_ramp
 from poison_pipeline.operations.redrive import RedriveError, complete_interrupted_redrive, planned_rows
 from poison_pipeline.operations.undo import UndoError, complete_interrupted_undo
-from poison_pipeline.storage.lease import LeaseHeld
+from poison_pipeline.storage.lease import LeaseHeld, LeaseLost
 from poison_pipeline.storage.plans import remove_finished_plans
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
+# What a completion raises when it refuses to go on, in words meant for the operator.
+_REFUSALS = (RedriveError, PurgeError, ArchiveError, UndoError, EditError, EditNotFound, LeaseHeld)
 # The actions a kill can leave half done, in the order they are completed: redrives before edits
 # (an edit completes through its own redrive) and undos last.
 INTERRUPTIBLE = RESUMABLE
@@ -78,12 +85,19 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
             continue
         try:
             why = _complete(declaration, writer, action, run_id)
-        except (RedriveError, PurgeError, ArchiveError, UndoError, EditError, EditNotFound, LeaseHeld) as error:
+        except LeaseLost:
+            raise  # this holder may write nothing more: the next one completes the action
+        except _REFUSALS as error:
             why = str(error)  # LeaseHeld: the other queue of an undo stayed busy; its next holder completes it
+        except Exception as error:  # noqa: BLE001 - whatever stops a completion must not stop the queue
+            # A vacuumed version, a file deleted by hand, a bug: the action waits for the operator,
+            # and the cycle or command that found it goes on with the rest of the queue.
+            why = f"{type(error).__name__}: {error}"
         if why is None:
             outcome.completed.append(action.action_id)
         else:
             outcome.left[action.action_id] = why
+            note_left(writer, action, why)
     # An edit completes its own redrive, left above when it had no plan yet.
     for action_id in list(outcome.left):
         if (now := find_action(tables, action_id)) is not None and now.state != PLANNED:
