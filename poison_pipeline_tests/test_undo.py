@@ -19,8 +19,8 @@ from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations import undo as undo_module
-from poison_pipeline.operations.archive import ArchiveRequest, RestoreRequest, archive, restore
 from poison_pipeline.operations.actions import DONE, PLANNED, UNDONE, begin_action, find_action
+from poison_pipeline.operations.archive import ArchiveRequest, RestoreRequest, archive, restore
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit_message, edits_of
