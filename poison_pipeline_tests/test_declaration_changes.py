@@ -3,14 +3,19 @@ max_retry_cycles still drains, and everything that reads the queue's waiting tab
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
+import yaml
+
+from poison_pipeline.cli import main
 from poison_pipeline.operations import checks as checks_module
 from poison_pipeline.operations.checks import check_conservation, check_one_place
 from poison_pipeline.operations.cycle import run_cycle
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.status import queue_status
 from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline_tests.support import places, queue, send
+from poison_pipeline_tests.support import HANDLER, places, queue, send
 
 POLICY = {"receive_retry_count": 0, "retry_cycle_delay": "1s", "receive_error_handling": "move"}
 
@@ -67,3 +72,23 @@ def test_a_checks_memo_is_not_answered_under_another_declaration(make_declaratio
     assert check_conservation(QueueTables.of(wide, "q")).passed  # kept: nothing changed
     assert check_conservation(QueueTables.of(narrow, "q")).passed
     assert computed == [("inbound", "retry_1", "retry_2", "poison"), ("inbound", "poison")]
+
+
+def test_status_names_the_messages_of_a_queue_no_longer_declared(spark, make_declaration, tmp_path, capsys):
+    """A queue removed (or renamed) while messages wait in it: `status` lists its tables that hold
+    them, and says what to do; a declared queue's status is as before."""
+    both = make_declaration({**queue(**POLICY, max_retry_cycles=1),
+                             "old": {"handler": HANDLER, "policy": {**POLICY, "max_retry_cycles": 1}}})
+    records = [{"message_id": f"o{i}", "message_type": "t", "body": {}} for i in range(2)]
+    assert not enqueue(both, "old", records).refused
+    config = tmp_path / "only_q.yaml"  # "old" removed from the declaration
+    config.write_text(yaml.safe_dump({"lake_root": both.lake_root, "queues": queue(**POLICY, max_retry_cycles=1)}))
+
+    assert main(["--config", str(config), "status", "--json"]) == 0
+    shown = {s["queue"]: s for s in json.loads(capsys.readouterr().out)["queues"]}
+    assert shown["q"]["undeclared"] is None
+    old = shown["old"]
+    assert {t["table"]: t["rows"] for t in old["tables"]}["inbound"] == 2
+    assert "no declared queue names" in old["undeclared"] and "Declare queue 'old' again" in old["undeclared"]
+    assert main(["--config", str(config), "status"]) == 0
+    assert "old: NOT DECLARED: 2 message(s)" in capsys.readouterr().out
