@@ -17,6 +17,8 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
+from poison_pipeline.defs.alerts import decide_alerts
+from poison_pipeline.domain.alerts import ACTION_LEFT
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations import undo as undo_module
 from poison_pipeline.operations.actions import DONE, PLANNED, UNDONE, begin_action, find_action
@@ -446,6 +448,9 @@ def test_an_interrupted_undo_whose_completion_fails_is_left_for_the_operator_and
     ledger = tables.open("actions").version()
     assert run_cycle(spark, declaration, "q", "inbound").interrupted.left == report.interrupted.left
     assert tables.open("actions").version() == ledger  # the same reason is not written again
+    # The alert: one action_left event, which the queue's action_left sensor raises.
+    alerts = decide_alerts(tables, {}, ACTION_LEFT).events
+    assert len(alerts) == 1 and "undo-r1" in alerts[0].describe() and "FileNotFoundError" in alerts[0].describe()
     # An operator command of the queue goes on too.
     assert purge_table(declaration, "q", "poison", 0, Selection(ids=("own-1",))).purged == 1
     monkeypatch.undo()  # the files are back: the next holder completes it
