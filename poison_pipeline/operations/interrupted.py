@@ -16,8 +16,9 @@ resume path checks it) and counts the others as moved since. One that cannot go 
 it (a redrive whose committed chunk is nowhere in its target, a version a vacuum deleted, a missing
 file, any other error), is left `planned` for the operator with its reason recorded in its counts
 (`left`, shown by `poison-pipeline actions`) and in the report's `interrupted`, and the cycle or
-command goes on: a queue is never wedged by one action. Only a lost lease stops it (its holder may
-write nothing more).
+command goes on: a queue is never wedged by one action; an `action_left` event alerts the operator.
+An undo whose other queue stayed busy is left for the next holder without an alert. Only a lost
+lease stops it (its holder may write nothing more).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from poison_pipeline.storage.tables import ACTIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
 # What a completion raises when it refuses to go on, in words meant for the operator.
-_REFUSALS = (RedriveError, PurgeError, ArchiveError, UndoError, EditError, EditNotFound, LeaseHeld)
+_REFUSALS = (RedriveError, PurgeError, ArchiveError, UndoError, EditError, EditNotFound)
 # The actions a kill can leave half done, in the order they are completed: redrives before edits
 # (an edit completes through its own redrive) and undos last.
 INTERRUPTIBLE = RESUMABLE
@@ -78,6 +79,7 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
         finish_interrupted_cycles(declaration, writer)
     # An edit's own redrive, killed before its plan, is planned again by the edit's completion.
     by_edits = {a.arguments.get("redrive_id") for a in planned if a.kind == "edit"}
+    busy: set[str] = set()
     for action in planned:
         if _abandoned(tables, action, by_edits):
             abandon_action(writer, action, "killed before it planned anything: nothing moved")
@@ -87,8 +89,12 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
             why = _complete(declaration, writer, action, run_id)
         except LeaseLost:
             raise  # this holder may write nothing more: the next one completes the action
+        except LeaseHeld as error:
+            # The other queue of an undo stayed busy: its next holder completes it, nobody need look.
+            busy.add(action.action_id)
+            why = str(error)
         except _REFUSALS as error:
-            why = str(error)  # LeaseHeld: the other queue of an undo stayed busy; its next holder completes it
+            why = str(error)
         except Exception as error:  # noqa: BLE001 - whatever stops a completion must not stop the queue
             # A vacuumed version, a file deleted by hand, a bug: the action waits for the operator,
             # and the cycle or command that found it goes on with the rest of the queue.
@@ -97,12 +103,16 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
             outcome.completed.append(action.action_id)
         else:
             outcome.left[action.action_id] = why
-            note_left(writer, action, why)
     # An edit completes its own redrive, left above when it had no plan yet.
     for action_id in list(outcome.left):
         if (now := find_action(tables, action_id)) is not None and now.state != PLANNED:
             del outcome.left[action_id]
             outcome.completed.append(action_id)
+    # What is left now waits for the operator: its reason recorded and alerted, once. Read again:
+    # the completion that failed may have recorded more of it first.
+    for action_id, why in outcome.left.items():
+        if action_id not in busy and (now := find_action(tables, action_id)) is not None and now.state == PLANNED:
+            note_left(writer, now, why)
     # An action killed between its `done` record and its plan's removal left nothing but the plan.
     remove_finished_plans(writer, lambda action_id: (now := find_action(tables, action_id)) is not None
                           and now.state != PLANNED)
