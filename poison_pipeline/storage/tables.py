@@ -226,7 +226,12 @@ def draining_retry(lake_root: str, queue: str, storage_options: dict[str, str], 
     (routing.waiting_tables). One listing of the queue's folder; a table is opened only when one
     beyond the policy's count is there, the highest first."""
     fs, path = fs_of(lake_path(lake_root, queue), storage_options)
-    found = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    try:
+        found = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except OSError:
+        # A store out of reach: what reads the tables next fails, naming it. Building Dagster's
+        # definitions must not, or every queue's cycles would stop with it.
+        return 0
     beyond = sorted((int(m.group(1)) for info in found if info.type == pafs.FileType.Directory
                      and (m := _RETRY.fullmatch(info.base_name)) and int(m.group(1)) > cycles), reverse=True)
     for cycle in beyond:
