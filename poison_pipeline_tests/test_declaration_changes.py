@@ -1,5 +1,6 @@
 """A declaration changed while messages wait never strands one: a retry subqueue beyond a lowered
-max_retry_cycles still drains, and everything that reads the queue's waiting tables reaches it."""
+max_retry_cycles still drains, and everything that reads the queue's waiting tables reaches it; a
+changed handler takes what waited for the old one; a queue no longer declared is shown by status."""
 
 from __future__ import annotations
 
@@ -92,3 +93,20 @@ def test_status_names_the_messages_of_a_queue_no_longer_declared(spark, make_dec
     assert "no declared queue names" in old["undeclared"] and "Declare queue 'old' again" in old["undeclared"]
     assert main(["--config", str(config), "status"]) == 0
     assert "old: NOT DECLARED: 2 message(s)" in capsys.readouterr().out
+
+
+def test_a_changed_handler_takes_the_messages_waiting_for_the_old_one(spark, make_declaration):
+    """A fix deployed as another handler: the messages waiting in a retry subqueue go to it at
+    their next cycle, with their counts as they were."""
+    failing = make_declaration({"q": {"handler": "poison_pipeline_tests.handlers:always_fails",
+                                      "policy": {**POLICY, "max_retry_cycles": 1}}})
+    send(failing, {"a": {}, "b": {}})
+    start = datetime.now(UTC)
+    run_cycle(spark, failing, "q", "inbound", now=start)
+    assert places(failing) == {"a": ["retry_1"], "b": ["retry_1"]}
+
+    fixed = make_declaration({"q": {"handler": "poison_pipeline_tests.handlers:accept",
+                                    "policy": {**POLICY, "max_retry_cycles": 1}}})
+    assert run_cycle(spark, fixed, "q", "retry_1", now=start + timedelta(minutes=1)).counts["processed"] == 2
+    assert places(fixed) == {"a": ["processed:processed"], "b": ["processed:processed"]}
+    assert check_conservation(QueueTables.of(fixed, "q")).passed
