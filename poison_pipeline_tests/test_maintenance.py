@@ -20,7 +20,9 @@ from poison_pipeline.cli import main
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import maintenance_schedule_name
 from poison_pipeline.domain.declaration import load_declaration
+from poison_pipeline.operations.archive import ArchiveRequest, RestoreRequest, archive, restore
 from poison_pipeline.operations.checks import check_conservation
+from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.maintenance import RetentionTooShort, maintain, retention_hours
 from poison_pipeline.operations.purge import purge_table
@@ -59,6 +61,27 @@ def test_after_maintenance_a_cycle_takes_every_small_batch_once_and_an_undo_stil
     assert report.counts["messages"] == 60 and rows(declaration, "inbound") == []
     where = places(declaration)
     assert all(where[f"m{b}-{i}"] == ["processed:processed"] for b in range(20) for i in range(3))
+    assert check_conservation(tables).passed
+
+
+def test_the_versions_an_undo_of_a_restore_reads_outlive_the_vacuum(spark, make_declaration):
+    """An archive and its restore, then maintenance an hour later: the undo of the restore still
+    reads the `archived` table as it was before it, and the queue's cycles go on."""
+    declaration = make_declaration(queue(**{**POLICY, "max_retry_cycles": 0}))
+    tables = QueueTables.of(declaration, "q")
+    send(declaration, {f"p{i}": {"fail": True} for i in range(3)})
+    run_cycle(spark, declaration, "q", "inbound")
+    assert archive(declaration, ArchiveRequest(queue="q", table="poison", id="a1")).count == 3
+    assert restore(declaration, RestoreRequest(queue="q", table="poison", id="r1")).count == 3
+    _removed_hours_ago(declaration.lake_root, 3)
+
+    result = maintain(declaration, "q", retention=timedelta(hours=1))
+
+    assert {t.table: t for t in result.tables}["archived"].vacuumed_files == 0
+    assert undo_action(declaration, "r1").restored == 3
+    assert conservation(tables).archived == 3
+    send(declaration, {"ok": {}})
+    assert run_cycle(spark, declaration, "q", "inbound").counts["processed"] == 1
     assert check_conservation(tables).passed
 
 

@@ -17,9 +17,12 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
+from poison_pipeline.defs.alerts import decide_alerts
+from poison_pipeline.domain.alerts import ACTION_LEFT
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.operations import undo as undo_module
 from poison_pipeline.operations.actions import DONE, PLANNED, UNDONE, begin_action, find_action
+from poison_pipeline.operations.archive import ArchiveRequest, RestoreRequest, archive, restore
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import edit_message, edits_of
@@ -415,3 +418,41 @@ def test_an_undo_of_a_redrive_to_another_queue_killed_before_its_removal_leaves_
     where = places(declaration)
     assert {m: where[m] for m in ("db-1", "db-2")} == {"db-1": ["poison"], "db-2": ["poison"]}
     assert places(declaration, "other") == {}
+
+
+def test_an_interrupted_undo_whose_completion_fails_is_left_for_the_operator_and_the_queue_goes_on(
+        spark, lake, monkeypatch):  # noqa: F811
+    """An undo of a restore whose completion keeps failing with an error that is none of the
+    product's own (the files of a version gone): every cycle and command of the queue goes on, and
+    the action stays `planned` with the reason it was left recorded, once."""
+    declaration, _ = lake
+    tables = QueueTables.of(declaration, "q")
+    archive(declaration, ArchiveRequest(queue="q", table="poison", ids=["db-0"], id="a1"))
+    restore(declaration, RestoreRequest(queue="q", table="poison", ids=["db-0"], id="r1"))
+
+    def files_gone(*args: Any, **kwargs: Any) -> int:
+        raise FileNotFoundError("part-00001.parquet of q/archived: not found")
+
+    monkeypatch.setattr(undo_module.archiving, "reverse", files_gone)
+    with pytest.raises(FileNotFoundError):
+        undo_action(declaration, "r1")
+    assert find_action(tables, "undo-r1").state == PLANNED
+    assert not enqueue(declaration, "q", [{"message_id": "good-1", "message_type": "refund", "body": {}}]).refused
+
+    report = run_cycle(spark, declaration, "q", "inbound")
+
+    assert report.counts.get("processed") == 1 and places(declaration)["good-1"] == ["processed:processed"]
+    assert report.interrupted.left["undo-r1"].startswith("FileNotFoundError: part-00001.parquet")
+    left = find_action(tables, "undo-r1")
+    assert left.state == PLANNED and left.counts["left"] == report.interrupted.left["undo-r1"]
+    ledger = tables.open("actions").version()
+    assert run_cycle(spark, declaration, "q", "inbound").interrupted.left == report.interrupted.left
+    assert tables.open("actions").version() == ledger  # the same reason is not written again
+    # The alert: one action_left event, which the queue's action_left sensor raises.
+    alerts = decide_alerts(tables, {}, ACTION_LEFT).events
+    assert len(alerts) == 1 and "undo-r1" in alerts[0].describe() and "FileNotFoundError" in alerts[0].describe()
+    # An operator command of the queue goes on too.
+    assert purge_table(declaration, "q", "poison", 0, Selection(ids=("own-1",))).purged == 1
+    monkeypatch.undo()  # the files are back: the next holder completes it
+    assert run_cycle(spark, declaration, "q", "inbound").interrupted.completed == ["undo-r1"]
+    assert find_action(tables, "r1").state == UNDONE

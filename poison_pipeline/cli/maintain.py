@@ -37,10 +37,10 @@ def add_parser(commands: Commands) -> None:
         "Under the queue's lease (no cycle or operator command runs meanwhile), rewrite the small\n"
         "files of every table of QUEUE into large ones, write a checkpoint of each Delta log, and\n"
         "delete the files no version younger than the retention reads. Versions an undo may still\n"
-        "read (those recorded by redrives, edits and purges not undone) keep their files, and a\n"
-        "table whose cycle was interrupted is left alone until a cycle recovers it. The retention is\n"
-        "rounded up to whole hours (delta-rs vacuums in hours) and may not be shorter than the queue's\n"
-        "lease.expiry (exit 2, nothing done).",
+        "read (those recorded by redrives, edits, purges, archives and restores not undone) keep\n"
+        "their files, and a table whose cycle was interrupted is left alone until a cycle recovers\n"
+        "it. The retention is rounded up to whole hours (delta-rs vacuums in hours) and may not be\n"
+        "shorter than the queue's lease.expiry (exit 2, nothing done).",
         run,
     )
     sub.add_argument("queue", metavar="QUEUE", help="the application queue to maintain")

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 
 from poison_pipeline.cli.common import EXIT_OK, Commands, add_command, add_json, check_queue, declaration_of, print_json
-from poison_pipeline.operations.status import queue_status
+from poison_pipeline.operations.status import queue_status, undeclared_statuses
 from poison_pipeline.text.status import format_status
 
 
@@ -18,7 +18,9 @@ def add_parser(commands: Commands) -> None:
         "(inbound, retry_k, poison, dead_letter, quarantine, processed, attempts) its rows, the\n"
         "age of its oldest row and, for waiting tables, how many are due and when the next is;\n"
         "the messages purged for good, per table they were purged from; then how many\n"
-        "conversations were ended with an error (end-conversation), if any.\n"
+        "conversations were ended with an error (end-conversation), if any. Without --queue,\n"
+        "also every queue the lake holds messages of that the declaration no longer names\n"
+        "(NOT DECLARED: removed or renamed while they waited), with what to do.\n"
         "Reads the Delta logs only (plus one narrow column where a file mixes reasons or\n"
         "dispositions); changes nothing.",
         run,
@@ -35,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         queues = [args.queue]
     now = datetime.now(UTC)
     statuses = [queue_status(declaration, queue, now) for queue in queues]
+    if args.queue is None:  # and the queues the lake holds messages of that are no longer declared
+        statuses += undeclared_statuses(declaration, now)
     if args.json:
         print_json({"checked_at": now, "queues": [asdict(s) for s in statuses]})
     else:

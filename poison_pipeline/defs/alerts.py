@@ -51,7 +51,14 @@ from poison_pipeline.defs.naming import (
     alert_sensor_name,
 )
 from poison_pipeline.defs.sensors import parse_cursor
-from poison_pipeline.domain.alerts import MESSAGES_FAILED, QUEUE_RECOVERED, FailureCount, QueueEvent, merged_failures
+from poison_pipeline.domain.alerts import (
+    ACTION_LEFT,
+    MESSAGES_FAILED,
+    QUEUE_RECOVERED,
+    FailureCount,
+    QueueEvent,
+    merged_failures,
+)
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.user_code import call_hook
 from poison_pipeline.storage.control import QUEUE_DISABLED
@@ -109,7 +116,7 @@ class AlertDecision:
 
 # Why a queue without an events table has nothing to raise yet.
 _NOTHING_YET = {QUEUE_DISABLED: "it was never disabled", MESSAGES_FAILED: "no cycle of it has failed a message",
-                QUEUE_RECOVERED: "no probe has resumed it"}
+                QUEUE_RECOVERED: "no probe has resumed it", ACTION_LEFT: "no interrupted action of it was left"}
 
 
 def decide_alerts(tables: QueueTables, cursor: dict[str, Any], kind: str = QUEUE_DISABLED) -> AlertDecision:
@@ -204,6 +211,7 @@ _SENSOR_DESCRIPTIONS = {
     QUEUE_DISABLED: "raises each queue_disabled event once, as a failed alert run.",
     MESSAGES_FAILED: "raises each cycle that poisoned, dead-lettered or quarantined messages once, as an alert run.",
     QUEUE_RECOVERED: "raises each resumption of the queue by a probe once, as an alert run.",
+    ACTION_LEFT: "raises each interrupted action left for an operator once, as a failed alert run.",
 }
 
 
@@ -242,6 +250,10 @@ def queue_recovered_sensor(declaration: Declaration, queue: str) -> SensorDefini
     return alert_sensor(declaration, queue, QUEUE_RECOVERED)
 
 
+def action_left_sensor(declaration: Declaration, queue: str) -> SensorDefinition:
+    return alert_sensor(declaration, queue, ACTION_LEFT)
+
+
 def _call_hook(context: OpExecutionContext, hook: str | None, timeout: timedelta, event: QueueEvent
                ) -> tuple[Exception | None, str]:
     """Call the declared hook with `event` within `timeout`: what it raised, and that as text (""
@@ -270,12 +282,13 @@ def _alert_job(queue: str, kind: str, body: OpDefinition, description: str) -> J
     return alert
 
 
-def queue_disabled_job(declaration: Declaration, queue: str) -> JobDefinition:
+def _failing_job(declaration: Declaration, queue: str, kind: str, what: str) -> JobDefinition:
+    """The alert job of an event someone must act on: it calls the hook, then fails the run."""
     hook = declaration.alert_hook
 
-    @op(name=_op_name(queue, QUEUE_DISABLED),
-        description=f"Calls the alert hook with a queue_disabled event of {queue}, then fails the run with its reason.")
-    def raise_queue_disabled(context: OpExecutionContext, config: AlertConfig) -> None:
+    @op(name=_op_name(queue, kind),
+        description=f"Calls the alert hook with {what} of {queue}, then fails the run with its reason.")
+    def raise_failing(context: OpExecutionContext, config: AlertConfig) -> None:
         # The sensor gives one event a run; a run launched by hand may give more.
         messages, metadata, causes = [], {}, []
         for event in config.queue_events(queue):
@@ -290,8 +303,16 @@ def queue_disabled_job(declaration: Declaration, queue: str) -> JobDefinition:
         raise Failure(description="\n".join(messages), metadata=metadata,
                       allow_retries=False) from next((c for c in causes if c is not None), None)
 
-    return _alert_job(queue, QUEUE_DISABLED, raise_queue_disabled,
-                      f"Raises one queue_disabled event of {queue} as a failed run, after the alert hook.")
+    return _alert_job(queue, kind, raise_failing, f"Raises one {kind} event of {queue} as a failed run, after the "
+                      "alert hook.")
+
+
+def queue_disabled_job(declaration: Declaration, queue: str) -> JobDefinition:
+    return _failing_job(declaration, queue, QUEUE_DISABLED, "a queue_disabled event")
+
+
+def action_left_job(declaration: Declaration, queue: str) -> JobDefinition:
+    return _failing_job(declaration, queue, ACTION_LEFT, "an interrupted action left for an operator")
 
 
 def _failed_cycles_metadata(events: list[QueueEvent], hook: str | None) -> dict[str, Any]:

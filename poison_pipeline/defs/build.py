@@ -7,6 +7,8 @@ from typing import Any
 from dagster import Definitions, in_process_executor
 
 from poison_pipeline.defs.alerts import (
+    action_left_job,
+    action_left_sensor,
     messages_failed_job,
     messages_failed_sensor,
     queue_disabled_job,
@@ -46,6 +48,8 @@ def build_definitions(declaration: Declaration) -> Definitions:
         sensors.append(queue_disabled_sensor(declaration, queue))
         jobs.append(messages_failed_job(declaration, queue))
         sensors.append(messages_failed_sensor(declaration, queue))
+        jobs.append(action_left_job(declaration, queue))
+        sensors.append(action_left_sensor(declaration, queue))
         if declaration.queue(queue).policy.outage_recovery is OutageRecovery.PROBE:
             jobs.append(queue_recovered_job(declaration, queue))
             sensors.append(queue_recovered_sensor(declaration, queue))

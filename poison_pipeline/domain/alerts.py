@@ -1,6 +1,6 @@
 """The events the declared alert hook (`alert_hook: module:function`) receives: a queue disabled, a
-cycle that failed messages (poisoned, dead-lettered or quarantined them), or a queue an outage had
-disabled that a probe resumed."""
+cycle that failed messages (poisoned, dead-lettered or quarantined them), a queue an outage had
+disabled that a probe resumed, or an interrupted action left for the operator."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from typing import Any
 MESSAGES_FAILED = "messages_failed"
 # A queue an outage disabled, resumed by a probe that succeeded (`outage_recovery: probe`).
 QUEUE_RECOVERED = "queue_recovered"
+# An interrupted operator action whose completion cannot go on, left `planned` for the operator
+# (operations/interrupted.py) while the queue goes on: once per action and reason.
+ACTION_LEFT = "action_left"
 
 # How each failure table's arrivals are told: "poisoned 3".
 _VERBS = {"poison": "poisoned", "dead_letter": "dead-lettered", "quarantine": "quarantined"}
@@ -95,6 +98,8 @@ class QueueEvent:
             groups = ", ".join(f"{f.group} ({f.table}, {f.count}, {f.error})" for f in self.failures)
             return (f"queue {self.queue!r}: {self.reason}: {groups} (run {self.run_id} at "
                     f"{self.at.isoformat()}; event {self.event_id})")
+        if self.kind == ACTION_LEFT:
+            return (f"queue {self.queue!r}: {self.reason} (at {self.at.isoformat()}; event {self.event_id})")
         if self.kind == QUEUE_RECOVERED:
             return (f"queue {self.queue!r} resumed: {self.reason} (by {self.actor or 'unknown'} at "
                     f"{self.at.isoformat()}; event {self.event_id})")

@@ -64,9 +64,14 @@ def retry_table(cycle: int) -> str:
     return f"retry_{cycle}"
 
 
-def waiting_tables(policy: Policy) -> list[str]:
-    """The tables a message can wait in, in the order of the flow."""
-    return [INBOUND, *(retry_table(k) for k in range(1, policy.max_retry_cycles + 1)), POISON]
+def waiting_tables(policy: Policy, draining: int = 0) -> list[str]:
+    """The tables a message can wait in, in the order of the flow. `draining`: the last retry
+    subqueue beyond the policy's that still holds messages, left by a declaration with more retry
+    cycles (max_retry_cycles lowered while they waited). It and those before it stay waiting tables
+    until it is empty: each message there has its cycle, as the policy that sent it there said, and
+    then its final disposition (route_main sends nothing further down than the policy's count)."""
+    cycles = max(policy.max_retry_cycles, draining)
+    return [INBOUND, *(retry_table(k) for k in range(1, cycles + 1)), POISON]
 
 
 def cycle_of(table: str) -> int:

@@ -83,6 +83,9 @@ class CycleSpec:
     # A probe (engine/cycle.py): try this many messages, return every other one uncharged, and
     # count the first failure pointing at a dependency as the outage going on.
     probe: int = 0
+    # The last retry subqueue of the queue's waiting tables (QueueTables.last_retry): beyond the
+    # policy's when one left by a declaration with more retry cycles still drains.
+    last_retry: int = 0
     # The lake's (QueueTables.storage_options): the in-flight markers and the staged results are
     # files under its root. Required, so that no delivery opens them without.
     storage_options: dict[str, str] = field(kw_only=True, repr=False)  # credentials: never in a repr
@@ -194,7 +197,7 @@ class Processor:
         rules = () if spec.is_poison else spec.policy.rules
         self.classifier = Classifier(spec.policy.unrecoverable, spec.policy.outage_errors, spec.handler, rules)
         self.rule_attempts = tuple(p.receive_retry_count + 1 for p in spec.policy.under_rules) if rules else ()
-        self.waiting_order = waiting_tables(spec.policy)
+        self.waiting_order = waiting_tables(spec.policy, spec.last_retry)
         self.waiting = frozenset(self.waiting_order)
         self._routes: dict[tuple[Outcome, bool, bool, int | None], Route] = {}
         self.outage = OutageDetector(1 if spec.probe else spec.policy.outage_threshold)

@@ -32,9 +32,12 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
+from poison_pipeline.domain.alerts import ACTION_LEFT
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.engine.recovery import finish_interrupted_cycles
 from poison_pipeline.storage import schemas
+from poison_pipeline.storage.control import event_row
+from poison_pipeline.storage.events import append_events
 from poison_pipeline.storage.plans import Plan, read_plan, remove_plan, write_plan
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
@@ -271,6 +274,22 @@ def abandon_action(writer: QueueWriter, action: Action, why: str, now: datetime 
                        "finished_at": now or datetime.now(UTC)})
     _update(writer, closed)
     return closed
+
+
+def note_left(writer: QueueWriter, action: Action, why: str, now: datetime | None = None) -> Action:
+    """Record on a planned action why its completion was left (`left` in its counts, which
+    `poison-pipeline actions` shows) and raise an `action_left` event for the alert hook; once per
+    reason, not at every cycle that finds it."""
+    if action.counts.get("left") == why:
+        return action
+    noted = Action(**{**action.__dict__, "counts": {**action.counts, "left": why}})
+    _update(writer, noted)
+    reason = (f"{action.kind} {action.action_id} was interrupted and its completion cannot go on, so it is left "
+              f"planned for an operator while the queue goes on: {why}")
+    append_events(writer, pa.Table.from_pylist(
+        [event_row(ACTION_LEFT, now or datetime.now(UTC), "poison_pipeline", reason, table=ACTIONS)],
+        schema=schemas.EVENTS))
+    return noted
 
 
 def mark_undone(writer: QueueWriter, action: Action) -> Action:

@@ -12,8 +12,13 @@ default id was never printed, so nobody could run it again by its id: it is clos
 (nothing moved, nothing to undo); the operator runs the command again as a new action. A purge has
 all it needs in its record (its selection and cut-off) and is completed as recorded.
 A completion moves only the messages still where the action's plan found them (each command's own
-resume path checks it) and counts the others as moved since; one that refuses to go on (a redrive
-whose committed chunk is nowhere in its target) is left, with its error, and the cycle goes on.
+resume path checks it) and counts the others as moved since. One that cannot go on, whatever stops
+it (a redrive whose committed chunk is nowhere in its target, a version a vacuum deleted, a missing
+file, any other error), is left `planned` for the operator with its reason recorded in its counts
+(`left`, shown by `poison-pipeline actions`) and in the report's `interrupted`, and the cycle or
+command goes on: a queue is never wedged by one action; an `action_left` event alerts the operator.
+An undo whose other queue stayed busy is left for the next holder without an alert. Only a lost
+lease stops it (its holder may write nothing more).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from poison_pipeline.operations.actions import (
     Action,
     abandon_action,
     find_action,
+    note_left,
     planned_actions,
 )
 from poison_pipeline.operations.archive import ArchiveError, complete_interrupted_archive
@@ -38,11 +44,13 @@ from poison_pipeline.operations.purge import PurgeError
 from poison_pipeline.operations.ramp import complete_interrupted_ramp
 from poison_pipeline.operations.redrive import RedriveError, complete_interrupted_redrive, planned_rows
 from poison_pipeline.operations.undo import UndoError, complete_interrupted_undo
-from poison_pipeline.storage.lease import LeaseHeld
+from poison_pipeline.storage.lease import LeaseHeld, LeaseLost
 from poison_pipeline.storage.plans import remove_finished_plans
 from poison_pipeline.storage.tables import ACTIONS, QueueTables
 from poison_pipeline.storage.writer import QueueWriter
 
+# What a completion raises when it refuses to go on, in words meant for the operator.
+_REFUSALS = (RedriveError, PurgeError, ArchiveError, UndoError, EditError, EditNotFound)
 # The actions a kill can leave half done, in the order they are completed: redrives before edits
 # (an edit completes through its own redrive) and undos last.
 INTERRUPTIBLE = RESUMABLE
@@ -71,6 +79,7 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
         finish_interrupted_cycles(declaration, writer)
     # An edit's own redrive, killed before its plan, is planned again by the edit's completion.
     by_edits = {a.arguments.get("redrive_id") for a in planned if a.kind == "edit"}
+    busy: set[str] = set()
     for action in planned:
         if _abandoned(tables, action, by_edits):
             abandon_action(writer, action, "killed before it planned anything: nothing moved")
@@ -78,8 +87,18 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
             continue
         try:
             why = _complete(declaration, writer, action, run_id)
-        except (RedriveError, PurgeError, ArchiveError, UndoError, EditError, EditNotFound, LeaseHeld) as error:
-            why = str(error)  # LeaseHeld: the other queue of an undo stayed busy; its next holder completes it
+        except LeaseLost:
+            raise  # this holder may write nothing more: the next one completes the action
+        except LeaseHeld as error:
+            # The other queue of an undo stayed busy: its next holder completes it, nobody need look.
+            busy.add(action.action_id)
+            why = str(error)
+        except _REFUSALS as error:
+            why = str(error)
+        except Exception as error:  # noqa: BLE001 - whatever stops a completion must not stop the queue
+            # A vacuumed version, a file deleted by hand, a bug: the action waits for the operator,
+            # and the cycle or command that found it goes on with the rest of the queue.
+            why = f"{type(error).__name__}: {error}"
         if why is None:
             outcome.completed.append(action.action_id)
         else:
@@ -89,6 +108,11 @@ def complete_interrupted(declaration: Declaration, writer: QueueWriter, run_id: 
         if (now := find_action(tables, action_id)) is not None and now.state != PLANNED:
             del outcome.left[action_id]
             outcome.completed.append(action_id)
+    # What is left now waits for the operator: its reason recorded and alerted, once. Read again:
+    # the completion that failed may have recorded more of it first.
+    for action_id, why in outcome.left.items():
+        if action_id not in busy and (now := find_action(tables, action_id)) is not None and now.state == PLANNED:
+            note_left(writer, now, why)
     # An action killed between its `done` record and its plan's removal left nothing but the plan.
     remove_finished_plans(writer, lambda action_id: (now := find_action(tables, action_id)) is not None
                           and now.state != PLANNED)

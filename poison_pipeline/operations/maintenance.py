@@ -11,8 +11,9 @@ version within the retention still reads.
 The vacuum retention never breaks what reads old versions:
 - a cycle: maintenance holds the queue's lease, so none runs meanwhile; a table whose cycle was
   interrupted (its journal not `done`) is neither compacted nor vacuumed until a cycle recovers it;
-- an undo: it reads the versions a redrive, edit or purge recorded (Delta time travel); every
-  version recorded by such an action not undone is kept (vacuum's `keep_versions`), however old;
+- an undo: it reads the versions a redrive, edit, purge, archive or restore recorded (Delta time
+  travel); every version recorded by an action of a kind undo reverses (`undo.UNDOABLE`), done or
+  planned and not undone, is kept (vacuum's `keep_versions`), however old;
 - dedup reads only the current files of the ledgers, which a vacuum never deletes.
 
 The retention has a floor, the queue's `lease.expiry`: a holder reads its tables' files for as long
@@ -34,14 +35,13 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.operations.undo import UNDOABLE
 from poison_pipeline.storage.journal import read_entry
 from poison_pipeline.storage.tables import ACTIONS, INTAKE, WRITER, QueueTables
 from poison_pipeline.storage.writer import QueueWriter, queue_writer
 
 # Delta's own default (delta.deletedFileRetentionDuration): readers of a version that old still work.
 DEFAULT_RETENTION = timedelta(days=7)
-# Actions an undo reverses by reading the version before them.
-_UNDOABLE = ("redrive", "edit", "purge")
 
 
 class RetentionTooShort(ValueError):
@@ -97,11 +97,11 @@ def _shown(duration: timedelta) -> str:
 
 def _undo_versions(tables: QueueTables) -> dict[str, list[int]]:
     """The versions of this queue's tables that an undo may still read: those recorded by every
-    redrive, edit or purge not undone."""
+    action of a kind undo reverses, not undone."""
     if not tables.exists(ACTIONS):
         return {}
     actions = tables.open(ACTIONS).to_pyarrow_table(columns=["kind", "state", "versions"])
-    undoable = actions.filter(pc.and_(pc.is_in(actions["kind"], pa.array(_UNDOABLE)),
+    undoable = actions.filter(pc.and_(pc.is_in(actions["kind"], pa.array(UNDOABLE)),
                                       pc.is_in(actions["state"], pa.array(["done", "planned"]))))
     keep: dict[str, set[int]] = {}
     for versions in undoable["versions"].to_pylist():

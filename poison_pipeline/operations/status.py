@@ -15,14 +15,17 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from poison_pipeline.broker.conversations import UnfinishedCleanup, unfinished_cleanups
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
+from poison_pipeline.domain.paths import lake_path
+from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE, retry_table
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.lease import Holder
-from poison_pipeline.storage.tables import ATTEMPTS, CONVERSATIONS, PURGED, QueueTables
+from poison_pipeline.storage.tables import ATTEMPTS, CONVERSATIONS, PURGED, QueueTables, draining_retry
+from poison_pipeline.storage.uri import fs_of
 
 WAITING = "waiting"
 TERMINAL = "terminal"
@@ -66,6 +69,9 @@ class QueueStatus:
     lease_holder: Holder | None = None
     # Messages deleted for good (`purge`, retention): `by` counts them per table they were purged from.
     purged: TableStatus = TableStatus(PURGED, LEDGER, exists=False)
+    # Set for a folder of the lake holding a queue's messages that no declared queue names (one
+    # removed or renamed while they waited): what is there and what to do.
+    undeclared: str | None = None
 
     def table(self, name: str) -> TableStatus:
         for status in self.tables:
@@ -87,6 +93,38 @@ def queue_status(declaration: Declaration, queue: str, now: datetime) -> QueueSt
     return QueueStatus(queue, now, state.enabled, state.reason, state.actor, state.since, tuple(statuses),
                        ended, tuple(unfinished_cleanups(declaration, tables)), tables.lease_holder(),
                        _terminal(tables, PURGED, now))
+
+
+def undeclared_statuses(declaration: Declaration, now: datetime) -> list[QueueStatus]:
+    """The status of each queue the lake holds messages of that the declaration does not declare
+    (removed or renamed while they waited): no cycle reaches them, so status names them. Only
+    the tables that hold messages (waiting and failure tables) are read."""
+    root = declaration.lake_root.rstrip("/")
+    options = dict(declaration.storage_options)
+    fs, path = fs_of(root, options)
+    found: list[QueueStatus] = []
+    for info in sorted(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)), key=lambda i: i.base_name):
+        name = info.base_name
+        if info.type != pafs.FileType.Directory or name in declaration.queues or name.startswith(("_", ".")):
+            continue
+        try:
+            waiting = (INBOUND, *(retry_table(k) for k in range(1, draining_retry(root, name, options, 0) + 1)),
+                       POISON)
+            tables = QueueTables(root, name, options, waiting)
+        except ValueError:
+            continue  # not a name a queue can have: not a queue's folder
+        if not tables.exists(INBOUND):
+            continue
+        statuses = (*(_waiting(tables, table, now) for table in waiting),
+                    *(_terminal(tables, table, now) for table in (DEAD_LETTER, QUARANTINE)))
+        held = sum(t.rows for t in statuses)
+        if not held:
+            continue
+        note = (f"{held} message(s) in {lake_path(root, name)}, which no declared queue names (removed or renamed "
+                f"while they waited): no cycle reaches them. Declare queue {name!r} again to drain them or redrive "
+                "them --to another queue, or delete its folder if they are not wanted")
+        found.append(QueueStatus(name, now, False, None, None, None, statuses, undeclared=note))
+    return found
 
 
 def _age(now: datetime, oldest: datetime | None) -> float | None:

@@ -502,6 +502,8 @@ def _undo_archive(declaration: Declaration, writer: QueueWriter, action: Action,
 
 _UNDOERS = {"redrive": _undo_redrive, "purge": _undo_purge, "edit": _undo_edit, "archive": _undo_archive,
             "restore": _undo_archive}
+# The kinds of action an undo reverses, reading the versions each recorded (maintenance keeps them).
+UNDOABLE: tuple[str, ...] = tuple(_UNDOERS)
 
 
 def find_recorded(declaration: Declaration, action_id: str) -> Action | None:

@@ -7,8 +7,10 @@ directory for a lake on an object store). The next reader asks the store whether
 after each noted version exists (a version is written once: absent means no commit since) and
 whether the queue's note of its tables (`_work/tables.json`, QueueTables.ensure) is the same file:
 a queue whose folder was deleted and started afresh counts its versions from 0 again, under a new
-note. One request per table and two for the note, whatever the tables' history, where loading a
-table reads its last checkpoint and every commit since (three times, with delta-rs 1.x).
+note. A result is kept with what of the declaration it depends on too (the queue's waiting tables,
+which decide what a check counts): one kept under another declaration is computed again. One
+request per table and two for the note, whatever the tables' history, where loading a table reads
+its last checkpoint and every commit since (three times, with delta-rs 1.x).
 
 A memo that cannot be read (missing, torn, from another version) only means the result is computed.
 A table deleted by hand (which every cycle then refuses, naming it) is not noticed by a kept result
@@ -73,7 +75,8 @@ def remembered(tables: QueueTables, key: str, compute: Callable[[QueueTables], T
     none of the tables it read has changed since."""
     path = os.path.join(cache_folder(tables.work_uri("memo")), f"{key}.json")
     kept = _load(path)
-    if kept is not None and kept.get("format") == _FORMAT:
+    declared = _declared(tables)
+    if kept is not None and kept.get("format") == _FORMAT and kept.get("declared") == declared:
         versions, note = kept["versions"], kept["note"]
         if note is not None and _marks(tables, versions) == (note, True):
             return decode(kept["value"])
@@ -81,13 +84,21 @@ def remembered(tables: QueueTables, key: str, compute: Callable[[QueueTables], T
     note_before = _marks(tables, {})[0]
     value = compute(recording)
     if note_before is not None:
-        record = {"format": _FORMAT, "note": note_before, "versions": recording.read, "value": encode(value)}
+        record = {"format": _FORMAT, "note": note_before, "declared": declared, "versions": recording.read,
+                  "value": encode(value)}
         try:
             with whole(path, {}) as stream:
                 stream.write(json.dumps(record).encode())
         except OSError:
             pass  # a cache that cannot be written only means the next reader computes again
     return value
+
+
+def _declared(tables: QueueTables) -> dict[str, Any]:
+    """What of the declaration a result depends on, beside the tables' versions: which tables the
+    queue waits in (a lowered max_retry_cycles, a retry subqueue still draining) and where they are.
+    A result kept under another declaration is computed again."""
+    return {"lake_root": tables.lake_root, "queue": tables.queue, "waiting": list(tables.waiting)}
 
 
 def _load(path: str) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -216,6 +217,33 @@ def whole_file_removes(target: DeltaTable, ids: pa.Array, read: Callable[[list[s
             zip(removed["path"].to_pylist(), removed["size_bytes"].to_pylist(), strict=True)]
 
 
+_RETRY = re.compile(r"retry_([1-9][0-9]*)")
+
+
+def draining_retry(lake_root: str, queue: str, storage_options: dict[str, str], cycles: int) -> int:
+    """The last retry subqueue beyond the policy's `cycles` that still holds messages (0: none):
+    a declaration with more retry cycles left them there, and they drain as waiting tables
+    (routing.waiting_tables). One listing of the queue's folder; a table is opened only when one
+    beyond the policy's count is there, the highest first."""
+    fs, path = fs_of(lake_path(lake_root, queue), storage_options)
+    try:
+        found = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except OSError:
+        # A store out of reach: what reads the tables next fails, naming it. Building Dagster's
+        # definitions must not, or every queue's cycles would stop with it.
+        return 0
+    beyond = sorted((int(m.group(1)) for info in found if info.type == pafs.FileType.Directory
+                     and (m := _RETRY.fullmatch(info.base_name)) and int(m.group(1)) > cycles), reverse=True)
+    for cycle in beyond:
+        try:
+            table = DeltaTable(lake_path(lake_root, queue, f"retry_{cycle}"), storage_options=storage_options)
+        except TableNotFoundError:
+            continue
+        if table.get_add_actions(flatten=False).num_rows:
+            return cycle
+    return 0
+
+
 @dataclass(frozen=True)
 class QueueTables:
     lake_root: str
@@ -227,13 +255,19 @@ class QueueTables:
     @classmethod
     def of(cls, declaration: Declaration, queue: str) -> QueueTables:
         policy = declaration.queue(queue).policy
+        lake_root, options = declaration.lake_root.rstrip("/"), dict(declaration.storage_options)
         return cls(
-            lake_root=declaration.lake_root.rstrip("/"),
+            lake_root=lake_root,
             queue=queue,
-            storage_options=dict(declaration.storage_options),
-            waiting=tuple(waiting_tables(policy)),
+            storage_options=options,
+            waiting=tuple(waiting_tables(policy, draining_retry(lake_root, queue, options, policy.max_retry_cycles))),
             lease_settings=declaration.lease,
         )
+
+    @property
+    def last_retry(self) -> int:
+        """The last retry subqueue of `waiting` (0: none), the policy's or one still draining."""
+        return sum(table.startswith("retry_") for table in self.waiting)
 
     @property
     def all_tables(self) -> tuple[str, ...]:

@@ -24,6 +24,8 @@ def format_age(seconds: float | None) -> str:
 
 
 def _state_line(status: QueueStatus) -> str:
+    if status.undeclared is not None:
+        return f"{status.queue}: NOT DECLARED: {status.undeclared}"
     busy = f"\n  busy: lease held by {status.lease_holder.describe()}" if status.lease_holder else ""
     if status.enabled:
         head = f"{status.queue}: ENABLED"
