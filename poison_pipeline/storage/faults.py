@@ -18,6 +18,8 @@ from contextlib import contextmanager
 
 from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolError, SchemaMismatchError
 
+from poison_pipeline.domain.redaction import redact
+
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 # object_store's own errors (`Generic S3 error: ...`), not delta-rs's logical ones (`Generic DeltaTable error`).
@@ -34,8 +36,9 @@ class StorageFailure(OSError):
         self.doing, self.where, self.then = doing, where, then
         self.code = _errno_of(cause)
         self.cause = _describe(cause, self.code)
-        text = f"storage failure while {doing} ({where}): {self.cause}"
-        super().__init__(self.code or 0, text + (f". {then}" if then else ""))
+        # The library's words may repeat a request's URL and the credentials in it.
+        text = redact(f"storage failure while {doing} ({where}): {self.cause}" + (f". {then}" if then else ""))
+        super().__init__(self.code or 0, text)
         self.__cause__ = cause
 
     def __str__(self) -> str:
@@ -64,8 +67,8 @@ def _describe(error: BaseException, code: int | None) -> str:
 
 
 # What an object store answers when the lake cannot be reached at all, and what to tell the user:
-# the store and the setting to look at. Matched on object_store's words; values of the storage
-# options are never repeated (they may be credentials).
+# the store and the setting to look at. Matched on object_store's words; the endpoint named is
+# shown through `redact`, as every text from the store is (it may hold credentials).
 _UNREACHABLE = (
     (re.compile(r"NoSuchBucket|BucketNotFound|ContainerNotFound|The specified (bucket|container) does not exist"),
      "the bucket or container of lake_root does not exist on the store{holder}: create it, or correct lake_root"),
@@ -113,8 +116,8 @@ def store_problem(error: BaseException) -> str | None:
                 kind, options = "bucket", _OPTIONS["s3"]
             where = ", ".join(part for part in (f"endpoint {endpoint}" if endpoint else "",
                                                 f"{kind} {holder!r}" if holder else "") if part)
-            return advice.format(holder=f" ({kind} {holder!r})" if holder else "",
-                                 endpoint=f" ({where})" if where else "", **options)
+            return redact(advice.format(holder=f" ({kind} {holder!r})" if holder else "",
+                                        endpoint=f" ({where})" if where else "", **options))
     return None
 
 

@@ -1,0 +1,119 @@
+"""Secrets never leave (issue 43): whatever a store's error repeats of a declaration's storage
+options (a password in an endpoint's userinfo, a SAS token in a URL's query string, a key) is hidden
+in every error the command line prints, in a StorageFailure and in the lease's warnings, for every
+kind of store error."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+from deltalake.exceptions import DeltaError
+
+from poison_pipeline.domain.declaration import load_declaration
+from poison_pipeline.domain.redaction import MASK, is_secret, redact
+from poison_pipeline.storage import lease
+from poison_pipeline.storage.faults import StorageFailure, store_problem, writing
+from poison_pipeline_tests.test_fuzz_envelopes import run_cli
+
+PASSWORD = "redact-password-5e1b"
+SIGNATURE = "redact-signature-0c9d"
+# A credential in every option that can hold one; the endpoint's only in its userinfo.
+OPTIONS = {
+    "AWS_ACCESS_KEY_ID": "AKIAREDACTKEYID77",
+    "AWS_SECRET_ACCESS_KEY": "redact-secret-access-key-41f2",
+    "AWS_SESSION_TOKEN": "redact-session-token-93aa",
+    "AZURE_STORAGE_ACCOUNT_KEY": "redact-account-key-2b7c",
+    "AZURE_STORAGE_SAS_KEY": f"sv=2022-11-02&ss=b&sig={SIGNATURE}",
+    "GOOGLE_SERVICE_ACCOUNT_KEY": '{"private_key": "redact-google-key-6d10"}',
+    "AWS_ENDPOINT_URL": f"http://proxyuser:{PASSWORD}@127.0.0.1:9",
+    "AWS_REGION": "us-east-1",
+    "AWS_ALLOW_HTTP": "true",
+}
+SECRETS = [PASSWORD, SIGNATURE, *(v for k, v in OPTIONS.items() if k not in ("AWS_ENDPOINT_URL", "AWS_REGION",
+                                                                             "AWS_ALLOW_HTTP"))]
+ENDPOINT = OPTIONS["AWS_ENDPOINT_URL"]
+SAS_URL = f"https://acct.blob.core.windows.net/box/lake/q/_delta_log/_last_checkpoint?sv=2022-11-02&sig={SIGNATURE}"
+
+# What delta-rs and object_store say, as they say it, for each kind of store error.
+ERRORS = {
+    "unreachable store": f"Generic S3 error: Error performing HEAD {ENDPOINT}/acme-queues/lake/q/_delta_log/"
+                         "_last_checkpoint in 1.2s, after 10 retries, max_retries: 10, retry_timeout: 180s - "
+                         "HTTP error: error sending request: tcp connect error: Connection refused (os error 111)",
+    "access denied": f"Generic S3 error: Error performing GET {ENDPOINT}/acme-queues/lake/q/_delta_log/?list-type=2"
+                     f"&X-Amz-Credential={OPTIONS['AWS_ACCESS_KEY_ID']} in 3ms - Server returned non-2xx status "
+                     "code: 403 Forbidden: <Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>",
+    "azure token refused": f"Generic MicrosoftAzure error: Error performing GET {SAS_URL} in 25ms - Server returned "
+                           "non-2xx status code: 403 Forbidden: <Error><Code>AuthenticationFailed</Code></Error>",
+    "raw library text": f"Generic DeltaTable error: Failed to read checkpoint at {SAS_URL} from "
+                        f"http://user:{PASSWORD}@gateway:8080/x: key {OPTIONS['AWS_SECRET_ACCESS_KEY']} "
+                        f"token {OPTIONS['AWS_SESSION_TOKEN']} account key {OPTIONS['AZURE_STORAGE_ACCOUNT_KEY']} "
+                        f"sas {OPTIONS['AZURE_STORAGE_SAS_KEY']} google {OPTIONS['GOOGLE_SERVICE_ACCOUNT_KEY']}",
+}
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "declaration.yaml"
+    path.write_text(yaml.safe_dump({"lake_root": str(tmp_path / "lake"), "storage_options": OPTIONS,
+                                    "queues": {"q": {"handler": "poison_pipeline_tests.handlers:accept"}}}))
+    load_declaration(path)  # the options known, as any command's own loading makes them
+    return path
+
+
+def _leaked(text: str) -> list[str]:
+    return [secret for secret in SECRETS if secret in text]
+
+
+def test_redact_hides_userinfo_query_strings_and_the_declarations_credentials(config: Path) -> None:
+    text = " ".join(ERRORS.values())
+    shown = redact(text)
+    assert _leaked(shown) == []
+    assert "http://***@127.0.0.1:9/acme-queues/lake" in shown  # the endpoint itself stays, to be checked
+    assert "https://acct.blob.core.windows.net/box/lake/q/_delta_log/_last_checkpoint?***" in shown
+    assert "us-east-1" not in SECRETS and MASK in shown
+    # Settings are shown; values too plain to be a credential never mask a message's words.
+    assert not is_secret("AWS_REGION", "us-east-1") and not is_secret("AWS_SKIP_SIGNATURE", "true")
+    assert not is_secret("AZURE_STORAGE_ACCOUNT_NAME", "devstoreaccount1") and is_secret("token", "abcdef")
+    assert redact("no URL, no secret: 0 true 30s") == "no URL, no secret: 0 true 30s"
+
+
+@pytest.mark.parametrize("kind", list(ERRORS))
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"]])
+def test_the_command_line_never_repeats_a_credential_for_any_store_error(
+        config: Path, monkeypatch: pytest.MonkeyPatch, kind: str, command: list[str]) -> None:
+    def failing(*_: object) -> None:
+        raise DeltaError(ERRORS[kind])
+
+    monkeypatch.setattr("poison_pipeline.cli.status.queue_status", failing)
+    code, out, err = run_cli(["--config", str(config), *command])
+    assert code == 1, (out, err)
+    assert "error:" in err and "Traceback" not in err
+    assert _leaked(out + err) == [], err
+
+
+@pytest.mark.parametrize("kind", list(ERRORS))
+def test_a_storage_failure_and_the_store_problem_never_repeat_a_credential(config: Path, kind: str) -> None:
+    with pytest.raises(StorageFailure) as failed, writing("reading a table", "table inbound of queue 'q'"):
+        raise OSError(ERRORS[kind])  # a fault whatever its words
+    assert _leaked(str(failed.value) + repr(failed.value) + str(failed.value.meaning("stopped"))) == []
+    assert _leaked(store_problem(DeltaError(ERRORS[kind])) or "") == []
+
+
+def test_the_lease_warnings_never_repeat_a_credential(config: Path, caplog: pytest.LogCaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(lease.Lease, "acquire", lambda self, on_wait=None: None)
+
+    def refused(self: lease.Lease) -> None:
+        raise DeltaError(ERRORS["raw library text"])
+
+    monkeypatch.setattr(lease.Lease, "release", refused)
+    declaration = load_declaration(config)
+    with lease.queue_lease(str(config.parent / "lake" / "q" / "_lease"), "q", dict(OPTIONS),
+                           declaration.lease, "testing"):
+        pass
+    assert "could not release the lease" in caplog.text
+    assert _leaked(caplog.text) == []
