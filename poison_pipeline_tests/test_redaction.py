@@ -6,16 +6,21 @@ kind of store error."""
 from __future__ import annotations
 
 import logging
+import traceback
 from pathlib import Path
 
 import pytest
 import yaml
+from dagster import DagsterInstance
 from deltalake.exceptions import DeltaError
 
+from poison_pipeline.defs.build import build_definitions
+from poison_pipeline.defs.naming import operator_job_name, operator_op_name
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.domain.redaction import MASK, is_secret, redact
 from poison_pipeline.storage import lease
-from poison_pipeline.storage.faults import StorageFailure, store_problem, writing
+from poison_pipeline.storage.faults import StorageFailure, redacted_failures, store_problem, writing
+from poison_pipeline_tests.dagster_support import failure_text
 from poison_pipeline_tests.test_fuzz_envelopes import run_cli
 
 PASSWORD = "redact-password-5e1b"
@@ -117,3 +122,32 @@ def test_the_lease_warnings_never_repeat_a_credential(config: Path, caplog: pyte
         pass
     assert "could not release the lease" in caplog.text
     assert _leaked(caplog.text) == []
+
+
+@pytest.mark.parametrize("kind", list(ERRORS))
+def test_a_storage_error_leaves_for_dagster_without_the_library_errors_under_it(config: Path, kind: str) -> None:
+    # Dagster records an error with its causes and context: neither may be delta-rs's own.
+    for raised in (DeltaError(ERRORS[kind]), OSError(ERRORS[kind])):
+        with pytest.raises(OSError) as failed, redacted_failures():
+            raise raised
+        assert failed.value.__cause__ is None and failed.value.__suppress_context__
+        assert _leaked("".join(traceback.format_exception(failed.value))) == []
+    with pytest.raises(StorageFailure) as worded, redacted_failures(), writing("reading", "table inbound"):
+        raise OSError(ERRORS[kind])
+    assert _leaked("".join(traceback.format_exception(worded.value))) == []
+
+
+def test_a_dagster_run_on_an_unreachable_store_logs_no_credential(tmp_path: Path) -> None:
+    config = tmp_path / "declaration.yaml"
+    config.write_text(yaml.safe_dump({"lake_root": "s3://redact-bucket/lake", "lease": {"wait": "1s"},
+                                      "storage_options": {**OPTIONS, "AWS_REGION": "us-east-1", "max_retries": "0"},
+                                      "queues": {"q": {"handler": "poison_pipeline_tests.handlers:accept"}}}))
+    declaration = load_declaration(config)
+    job = build_definitions(declaration).resolve_job_def(operator_job_name("q", "enable"))
+    with DagsterInstance.ephemeral() as instance:
+        result = job.execute_in_process(instance=instance, raise_on_error=False, run_config={
+            "ops": {operator_op_name("q", "enable"): {"config": {"reason": "back"}}}})
+    assert not result.success
+    text = failure_text(result)
+    assert "127.0.0.1:9" in text, text  # the failure names the store
+    assert _leaked(text) == [], text

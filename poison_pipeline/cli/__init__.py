@@ -53,7 +53,7 @@ from poison_pipeline.cli.common import (
 from poison_pipeline.domain.declaration import DeclarationError
 from poison_pipeline.domain.redaction import redact
 from poison_pipeline.storage.control import StateNotRecorded
-from poison_pipeline.storage.faults import StorageFailure, store_problem
+from poison_pipeline.storage.faults import shown
 from poison_pipeline.storage.lease import LeaseHeld, LeaseLost
 
 __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parser", "console_main",
@@ -107,14 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`| head`): nothing is wrong, and nothing more can be printed.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_INCOMPLETE
-    except StorageFailure as error:  # worded already: what was written where, and the OS error
-        _error(args.command, str(error))
-        return EXIT_INCOMPLETE
     except (DeltaError, OSError) as error:
-        # The lake itself failed (unreachable store, permissions, a damaged log): say which.
-        problem = store_problem(error)
-        said = " ".join(str(error).split())
-        _error(args.command, problem or type(error).__name__ + ": " + said)
+        # The lake itself failed (unreachable store, permissions, a damaged log, a failed write): say which.
+        _error(args.command, shown(error))
         return EXIT_INCOMPLETE
 
 

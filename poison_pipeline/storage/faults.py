@@ -155,3 +155,34 @@ def writing(doing: str, where: str) -> Iterator[None]:
         if is_fault(error):
             raise StorageFailure(doing, where, error) from error
         raise
+
+
+def shown(error: BaseException) -> str:
+    """A storage error as one line for a person: a StorageFailure as worded, an unreachable store's
+    advice, else the library's words; credentials masked (`redact`)."""
+    if isinstance(error, StorageFailure):
+        return str(error)
+    said = " ".join(str(error).split())
+    return redact(store_problem(error) or f"{type(error).__name__}: {said}")
+
+
+class ShownFailure(OSError):
+    """A storage error as a Dagster run's log shows it: `shown`'s line, without the chain of library
+    errors under it (which repeat the request's URL)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+@contextmanager
+def redacted_failures() -> Iterator[None]:
+    """Re-raise a storage error of the block without the library's errors under it, as a
+    StorageFailure or a ShownFailure: Dagster records an error with its causes, and delta-rs's may
+    carry credentials."""
+    try:
+        yield
+    except StorageFailure as failure:
+        raise failure from None  # its own words are redacted; its causes are the library's
+    except (DeltaError, OSError) as error:
+        raise ShownFailure(error.errno if isinstance(error, OSError) else None, shown(error)) from None
+
