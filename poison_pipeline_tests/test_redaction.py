@@ -103,7 +103,8 @@ def test_the_command_line_never_repeats_a_credential_for_any_store_error(
 def test_a_storage_failure_and_the_store_problem_never_repeat_a_credential(config: Path, kind: str) -> None:
     with pytest.raises(StorageFailure) as failed, writing("reading a table", "table inbound of queue 'q'"):
         raise OSError(ERRORS[kind])  # a fault whatever its words
-    assert _leaked(str(failed.value) + repr(failed.value) + str(failed.value.meaning("stopped"))) == []
+    failure = failed.value
+    assert _leaked(str(failure) + repr(failure) + failure.cause + str(failure.meaning("stopped"))) == []
     assert _leaked(store_problem(DeltaError(ERRORS[kind])) or "") == []
 
 

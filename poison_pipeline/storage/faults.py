@@ -35,8 +35,8 @@ class StorageFailure(OSError):
     def __init__(self, doing: str, where: str, cause: BaseException, then: str = "") -> None:
         self.doing, self.where, self.then = doing, where, then
         self.code = _errno_of(cause)
-        self.cause = _describe(cause, self.code)
         # The library's words may repeat a request's URL and the credentials in it.
+        self.cause = redact(_describe(cause, self.code))
         text = redact(f"storage failure while {doing} ({where}): {self.cause}" + (f". {then}" if then else ""))
         super().__init__(self.code or 0, text)
         self.__cause__ = cause
