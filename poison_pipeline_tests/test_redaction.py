@@ -17,7 +17,7 @@ from deltalake.exceptions import DeltaError
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import operator_job_name, operator_op_name
 from poison_pipeline.domain.declaration import load_declaration
-from poison_pipeline.domain.redaction import MASK, is_secret, redact
+from poison_pipeline.domain.redaction import MASK, is_secret, redact, remember
 from poison_pipeline.storage import lease
 from poison_pipeline.storage.faults import StorageFailure, redacted_failures, store_problem, writing
 from poison_pipeline_tests.dagster_support import failure_text
@@ -83,6 +83,10 @@ def test_redact_hides_userinfo_query_strings_and_the_declarations_credentials(co
     assert not is_secret("AWS_REGION", "us-east-1") and not is_secret("AWS_SKIP_SIGNATURE", "true")
     assert not is_secret("AZURE_STORAGE_ACCOUNT_NAME", "devstoreaccount1") and is_secret("token", "abcdef")
     assert redact("no URL, no secret: 0 true 30s") == "no URL, no secret: 0 true 30s"
+    # A credential is hidden where it stands whole, never inside a longer word such as a path's.
+    remember({"AWS_SECRET_ACCESS_KEY": "lakepart77"})
+    assert redact("s3://b/lake/q_lakepart77/_delta_log 'lakepart77'") == "s3://b/lake/q_lakepart77/_delta_log '***'"
+    assert not is_secret("DELTA_DYNAMO_TABLE_NAME", "delta_log")
 
 
 @pytest.mark.parametrize("kind", list(ERRORS))

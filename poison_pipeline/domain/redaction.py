@@ -27,7 +27,8 @@ SECRET_KEY = re.compile(r"(?i)secret|password|token|access[.]?key")
 _SETTING_KEY = re.compile(r"(?i)(^|_)(endpoint|url|region|account_name|bucket|container|allow_http|"
                           r"allow_invalid_certificates|timeout|retries|retry|proxy_url|skip_signature|"
                           r"virtual_hosted_style_request|use_emulator|use_fabric_endpoint|use_azure_cli|"
-                          r"conditional_put|copy_if_not_exists|s3_locking_provider|dynamo_lock_\w+)($|_)")
+                          r"conditional_put|copy_if_not_exists|locking_provider|table_name|profile|"
+                          r"dynamo_lock_\w+)($|_)")
 # Values too short or too plain to be a credential, and which masking would wreck a message with
 # ("true", "0", "30s"): never taken for one.
 _PLAIN_VALUE = re.compile(r"(?i).{0,3}|true|false|yes|no|on|off|\d+(\.\d+)?[a-z]{0,3}")
@@ -39,8 +40,10 @@ _QUERY = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s?#'\"<>]*)\?[^\s#'\"<>]*")
 
 # Every credential of every declaration this process has loaded: an error is raised far from the
 # declaration whose options it repeats (deep in delta-rs, on a renewer thread), so the values are
-# known process-wide. Longest first, so a value that contains another is hidden whole.
-_known: tuple[str, ...] = ()
+# known process-wide. Each is hidden where it stands whole (not inside a longer word: a value that
+# happens to be part of a path, `_delta_log`, leaves the path alone), longest first.
+_known: set[str] = set()
+_pattern: re.Pattern[str] | None = None
 _lock = threading.Lock()
 
 
@@ -51,17 +54,20 @@ def is_secret(key: str, value: str) -> bool:
 
 def remember(options: Mapping[str, str]) -> None:
     """Note the credentials among a declaration's storage options, for `redact` to hide."""
-    global _known
+    global _pattern
     found = {value for key, value in options.items() if is_secret(str(key), str(value))}
     with _lock:
-        _known = tuple(sorted(set(_known) | found, key=len, reverse=True))
+        if found - _known:
+            _known.update(found)
+            values = "|".join(re.escape(value) for value in sorted(_known, key=len, reverse=True))
+            _pattern = re.compile(rf"(?<!\w)(?:{values})(?!\w)")
 
 
 def redact(text: str) -> str:
     """`text` as it may be shown: every URL without its userinfo and query string, and every
     credential of the declarations loaded in this process replaced by MASK."""
-    for secret in _known:
-        text = text.replace(secret, MASK)
+    if _pattern is not None:
+        text = _pattern.sub(MASK, text)
     text = _USERINFO.sub(rf"\1{MASK}@", text)
     return _QUERY.sub(rf"\1?{MASK}", text)
 
