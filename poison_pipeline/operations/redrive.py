@@ -325,7 +325,9 @@ def redrive(declaration: Declaration, request: RedriveRequest, context: ActionCo
             # (and a dry run says what the redrive would).
             for preview in previews:
                 if (why := spread_problem(preview.moved, rate)) is not None:
-                    raise RedriveError(why if len(sources) == 1 else f"{why} (shared by {', '.join(sources)})")
+                    raise RedriveError(why if len(sources) == 1 else
+                                       f"{why} (that is each table's share of --rate {request.rate:g}/s, shared by "
+                                       f"{', '.join(sources)})")
         if request.dry_run:
             if request.steps is not None:
                 previews[0].ramp_steps = step_sizes(request.steps, previews[0].moved)
@@ -412,8 +414,7 @@ def redrive_table(declaration: Declaration, queue: str, source: str, selection: 
         raise RedriveError(why)
     redrive_id = given or new_action_id(KIND)
     tables = QueueTables.of(declaration, queue)
-    if rate is not None:
-        _check_spread(declaration, request, tables, redrive_id, now or datetime.now(UTC))
+    _check_spread(declaration, request, tables, redrive_id, now or datetime.now(UTC))
     if dry_run:
         # Nothing is written, not even the tables a first redrive would create.
         return _summary(_plan(declaration, request, tables, redrive_id, now or datetime.now(UTC)), request,
@@ -442,7 +443,8 @@ def _check_spread(declaration: Declaration, request: TableRedrive, tables: Queue
                   now: datetime) -> None:
     """Refuse a rate too slow for the messages it would release before anything is written (not
     even the lease): from the table's row count when that is few enough, else by planning."""
-    assert request.rate is not None
+    if request.rate is None:
+        return
     try:
         bounded_rate(request.rate)
     except ValueError as error:  # a caller of the Python API that skipped the request's validation
