@@ -150,7 +150,8 @@ _TIMES = st.sampled_from(["2026-11-22T10:00Z", "2026-11-22", "0001-01-01T00:00:0
 _AGES = st.sampled_from(["30d", "0", "-1", "1e400d", "99999999999999999999d", "PT1H", "nan", "inf", "365001d", "1h"])
 _NUMBERS = st.sampled_from(["0", "1", "-5", "10", "99999999999999999999", "2147483648", "9223372036854775808",
                             "-9223372036854775809", "1.5", "x", "nan"])
-_SELECTION = {"--group": st.sampled_from(["abcd1234", "zzzz", ""]), "--error-type": _ANY, "--message-type": _ANY,
+_SELECTION = {"--group": st.sampled_from(["abcd1234", "zzzz", "", "abcd1234@1", "abcd1234@99999999999999999999999"]),
+              "--as-of-version": _NUMBERS, "--error-type": _ANY, "--message-type": _ANY,
               "--conversation": _ANY, "--failed-after": _TIMES, "--failed-before": _TIMES,
               "--ids": st.sampled_from(["IDS", "/nonexistent/ids", "/", "BAD"]),
               "--where": st.sampled_from(["message_id = 'a'", "1 = 1", "no_such_column = 1", "message_id ==", ";",
@@ -171,8 +172,13 @@ COMMANDS: dict[str, tuple[list[st.SearchStrategy[str]], dict[str, st.SearchStrat
     "history": ([_ANY | st.sampled_from(["m-0", "m-1"])], {"--json": None}),
     "enable": ([_QUEUES], {"--reason": _ANY, "--actor": _ANY}),
     "redrive": ([_QUEUES], {"--from": _TABLES, "--to": _QUEUES, **_SELECTION, "--dry-run": None,
-                            "--rate": _NUMBERS | st.sampled_from(["50/s", "0/s", "-1/s", "inf", "1e-300"]),
-                            "--limit": _NUMBERS, "--id": _ANY, "--force": None, "--actor": _ANY, "--json": None}),
+                            # Rates so slow the due times would overflow or pass the longest duration.
+                            "--rate": _NUMBERS | st.sampled_from(["50/s", "0/s", "-1/s", "inf", "1e-300", "1e-12/s",
+                                                                  "1e-9/s", "3.2e-11/s", "1e-10"]),
+                            "--limit": _NUMBERS, "--id": _ANY, "--force": None, "--actor": _ANY, "--json": None,
+                            "--ramp": st.sampled_from(["1,10,all", "1,99999999999999999999999", "1,9223372036854775808",
+                                                       "0,1", "2,1", "all,1", ""]),
+                            "--max-failures": _NUMBERS}),
     "purge": ([_QUEUES], {"--table": _TABLES, "--older-than": _AGES, **_SELECTION, "--yes": None, "--id": _ANY,
                           "--actor": _ANY, "--json": None}),
     "undo": ([_ANY | st.sampled_from(["redrive-x", "purge-x", "edit-x", "enable-x"])],

@@ -251,9 +251,11 @@ def test_storage_options_appear_nowhere_a_run_writes(tmp_path, capsys, caplog):
     base = {"spark": spark, "small_cycles": {"max_messages": 0},  # every cycle a Spark job
             "queues": {"q": {"handler": HANDLER, "policy": policy}}}
     local.write_text(yaml.safe_dump({**base, "lake_root": str(lake), "storage_options": secrets}))
-    # An object store that refuses connections, with the same credentials: every call fails.
+    # An object store that refuses connections, with the same credentials and a proxy's password in
+    # the endpoint's userinfo: every call fails, and the errors repeat the endpoint.
+    password = f"confine-password-{uuid.uuid4().hex}"
     unreachable.write_text(yaml.safe_dump({**base, "lake_root": "s3://confine-bucket/lake", "storage_options": {
-        **secrets, "aws_endpoint_url": f"http://127.0.0.1:{_free_port()}", "aws_region": "us-east-1",
+        **secrets, "aws_endpoint_url": f"http://proxy:{password}@127.0.0.1:{_free_port()}", "aws_region": "us-east-1",
         "aws_allow_http": "true", "max_retries": "0"}}))
     declaration, broken = load_declaration(local), load_declaration(unreachable)
     send(declaration, {"ok": {}, "bad": {"fail": True}, "../../escape": {"fail": True}})
@@ -284,15 +286,17 @@ def test_storage_options_appear_nowhere_a_run_writes(tmp_path, capsys, caplog):
     # The unreachable store: the exception, and what the command line shows of it.
     with pytest.raises(Exception) as failed:
         queue_status(broken, "q", datetime.now(UTC))
-    shown += [repr(failed.value), "".join(traceback.format_exception(failed.value))]
+    # (delta-rs's own exception, raised to Python code, repeats the endpoint it was given.)
+    raised = [repr(failed.value), "".join(traceback.format_exception(failed.value))]
     assert main(["--config", str(unreachable), "status"]) == 1
     printed = capsys.readouterr()
     assert "confine-bucket" in printed.err and "Traceback" not in printed.err
     shown += [printed.out, printed.err, caplog.text, *(repr(r.__dict__) for r in caplog.records)]
 
-    assert [s for s in secrets.values() if any(s in text for text in shown)] == []
+    assert [s for s in secrets.values() if any(s in text for text in raised)] == []
+    assert [s for s in [*secrets.values(), password] if any(s in text for text in shown)] == []
     assert (home / "history" / "runs.db").exists() or list(home.rglob("*.db")), sorted(home.rglob("*"))
-    assert _leaks(tmp_path, secrets.values(), skip=[local, unreachable]) == []
+    assert _leaks(tmp_path, [*secrets.values(), password], skip=[local, unreachable]) == []
 
 
 # --- 4. `make ui` listens on localhost only --------------------------------------------------------

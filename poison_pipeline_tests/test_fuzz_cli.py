@@ -71,6 +71,11 @@ def _names_something(err: str, argv: list[str], command: str) -> bool:
 # "../x" would have left the queue's folder.
 @example(argv=["--config", "CONFIG", "edit", "m-1", "--id", "\U000b8683\u00b2", "--body-file", "BODY"])
 @example(argv=["--config", "CONFIG", "redrive", "q", "--from", "poison", "--id", "../../x"])
+# A rate so slow that the due times overflowed Python's dates (a traceback), or one step of a ramp
+# past what a 64-bit count holds.
+@example(argv=["--config", "CONFIG", "redrive", "q", "--from", "poison", "--rate", "1e-12/s"])
+@example(argv=["--config", "CONFIG", "redrive", "q", "--from", "poison", "--rate", "1e-10/s"])
+@example(argv=["--config", "CONFIG", "redrive", "q", "--from", "poison", "--ramp", "1,99999999999999999999999"])
 def test_every_argument_list_exits_as_documented_without_a_traceback(lake: dict[str, str], argv: list[str]) -> None:
     argv = [lake.get(token, token) for token in argv]
     code, out, err = run_cli(argv)

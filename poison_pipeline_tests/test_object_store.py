@@ -25,23 +25,30 @@ from poison_pipeline_tests.support import kill_seed
 
 pytestmark = pytest.mark.e2e
 SECRET = "wrong-but-secret-7f3a"
+KEY_ID, TOKEN, PASSWORD = "AKIASECRETKEYID7F3A", "secret-session-token-7f3a", "proxy-password-7f3a"
 
 
 @pytest.mark.parametrize("case, said", [
     ("no such bucket", "the bucket or container of lake_root does not exist on the store (bucket 'missing-"),
     ("no route to the endpoint", "the store cannot be reached (endpoint http://127.0.0.1:1, bucket "
                                  f"'{BUCKET}'): check storage_options.AWS_ENDPOINT_URL"),
+    # A proxy's password in the endpoint's userinfo: the endpoint is named, the password never.
+    ("no route to an endpoint with a password", "the store cannot be reached (endpoint http://***@127.0.0.1:1, "
+                                                f"bucket '{BUCKET}'): check storage_options.AWS_ENDPOINT_URL"),
 ])
 @pytest.mark.parametrize("command", ["enqueue", "status"])
 def test_an_unreachable_store_fails_naming_it_and_writes_nothing(s3_server: dict[str, str], tmp_path: Path,
                                                                 case: str, said: str, command: str) -> None:
-    options = {**s3_server, "AWS_SECRET_ACCESS_KEY": SECRET}
+    options = {**s3_server, "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": TOKEN}
     root = lake = fresh_root("unreachable")
     if case == "no such bucket":
         lake = root.replace(f"s3://{BUCKET}/", f"s3://missing-{tmp_path.name.lower()[-20:]}/")
-    else:
+    elif case == "no route to the endpoint":
         options["AWS_ENDPOINT_URL"] = "http://127.0.0.1:1"
-    store_scenarios.fails_naming_the_store(tmp_path, command, lake, options, said, secrets=[SECRET])
+    else:
+        options["AWS_ENDPOINT_URL"] = f"http://proxyuser:{PASSWORD}@127.0.0.1:1"
+    store_scenarios.fails_naming_the_store(tmp_path, command, lake, options, said,
+                                           secrets=[KEY_ID, SECRET, TOKEN, PASSWORD])
     # Nothing was written where the lake would be, on the reachable store.
     assert store_scenarios.written_under(root, s3_server) == []
 

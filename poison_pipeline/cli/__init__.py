@@ -51,8 +51,9 @@ from poison_pipeline.cli.common import (
     check_text_arguments,
 )
 from poison_pipeline.domain.declaration import DeclarationError
+from poison_pipeline.domain.redaction import redact
 from poison_pipeline.storage.control import StateNotRecorded
-from poison_pipeline.storage.faults import StorageFailure, store_problem
+from poison_pipeline.storage.faults import shown
 from poison_pipeline.storage.lease import LeaseHeld, LeaseLost
 
 __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parser", "console_main",
@@ -100,21 +101,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
         return code
     except (UsageError, DeclarationError, LeaseHeld, LeaseLost, StateNotRecorded) as error:
-        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        _error(args.command, str(error))
         return next(code for kind, code in _EXIT_FOR if isinstance(error, kind))
     except BrokenPipeError:
         # The reader went away (`| head`): nothing is wrong, and nothing more can be printed.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_INCOMPLETE
-    except StorageFailure as error:  # worded already: what was written where, and the OS error
-        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_INCOMPLETE
     except (DeltaError, OSError) as error:
-        # The lake itself failed (unreachable store, permissions, a damaged log): say which.
-        problem = store_problem(error)
-        said = " ".join(str(error).split())
-        print(f"{PROG} {args.command}: error: {problem or type(error).__name__ + ': ' + said}", file=sys.stderr)
+        # The lake itself failed (unreachable store, permissions, a damaged log, a failed write): say which.
+        _error(args.command, shown(error))
         return EXIT_INCOMPLETE
+
+
+def _error(command: str, said: str) -> None:
+    """A refusal's one line on stderr; what the store said may carry a URL with credentials."""
+    print(f"{PROG} {command}: error: {redact(said)}", file=sys.stderr)
 
 
 def console_main() -> NoReturn:

@@ -47,8 +47,8 @@ def request_of(model: type[Model], args: argparse.Namespace, **values: Any) -> M
 def _said(error: ErrorDetails, options: dict[str, str]) -> str:
     name = str(error["loc"][0]) if error["loc"] else ""
     option = options.get(name, name)
-    if error["type"] == "value_error":  # ours: the message starts with the value
-        return f"{option} {error['msg'].removeprefix('Value error, ')}"
+    if error["type"] == "value_error":  # ours: the message starts with the value (or, of the whole request, says it)
+        return " ".join(filter(None, (option, error["msg"].removeprefix("Value error, "))))
     return f"{option} {error['input']!r}: {_sentence_part(error['msg'])}"
 
 

@@ -29,6 +29,7 @@ from poison_pipeline.engine.cycle import CycleReport
 from poison_pipeline.engine.stay import stay
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.groups import failure_groups
+from poison_pipeline.storage.faults import redacted_failures
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 
 _OUTCOMES = ("processed", "duplicate", "moved", "poisoned", "rejected", "expired", "dropped",
@@ -97,6 +98,10 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
 
     @asset(**_spec(declaration, queue, table, upstream, description, spark=True, extra=senders))
     def cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
+        with redacted_failures():
+            return _cycle(context, spark)
+
+    def _cycle(context: AssetExecutionContext, spark: SparkResource) -> MaterializeResult:
         before = ledger_versions(declaration, queue)
         # The inbound sensor's probe of a queue an outage disabled (`outage_recovery: probe`).
         probe = context.run.tags.get(PROBE_TAG) == "true"
@@ -137,8 +142,9 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
 def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
     @asset(**_spec(declaration, queue, table, upstream, _DESCRIPTIONS[table]))
     def ledger(context: AssetExecutionContext) -> MaterializeResult:
-        QueueTables.of(declaration, queue).ensure()
-        return MaterializeResult(metadata=table_metadata(declaration, queue, table))
+        with redacted_failures():
+            QueueTables.of(declaration, queue).ensure()
+            return MaterializeResult(metadata=table_metadata(declaration, queue, table))
 
     return ledger
 
@@ -146,21 +152,22 @@ def _ledger_asset(declaration: Declaration, queue: str, table: str, upstream: li
 def _transmission_asset(declaration: Declaration, queue: str, table: str, upstream: list[str]) -> AssetsDefinition:
     @asset(**_spec(declaration, queue, table, upstream, _DESCRIPTIONS[TRANSMISSION]))
     def transmission(context: AssetExecutionContext) -> MaterializeResult:
-        before = ledger_versions(declaration, queue)
-        result = transmit(declaration, queue, run_id=context.run.run_id)
-        # Contract breaches dead-letter what waited here.
-        for materialization in changed_ledgers(declaration, queue, before):
-            context.log_event(materialization)
-        for failure in result.failures:
-            context.log.warning(f"{queue}: conversation {failure.conversation_id} to {failure.target} failed with "
-                                f"{failure.code} ({failure.description}): {failure.action}")
-        return MaterializeResult(metadata={
-            "delivered": MetadataValue.int(sum(result.delivered.values())),
-            "waiting": MetadataValue.int(result.waiting),
-            "resent_conversations": MetadataValue.int(result.resent),
-            "failed_conversations": MetadataValue.int(len(result.failures)),
-            "unsent_ended_conversation": MetadataValue.int(result.unsent),
-        })
+        with redacted_failures():
+            before = ledger_versions(declaration, queue)
+            result = transmit(declaration, queue, run_id=context.run.run_id)
+            # Contract breaches dead-letter what waited here.
+            for materialization in changed_ledgers(declaration, queue, before):
+                context.log_event(materialization)
+            for failure in result.failures:
+                context.log.warning(f"{queue}: conversation {failure.conversation_id} to {failure.target} failed with "
+                                    f"{failure.code} ({failure.description}): {failure.action}")
+            return MaterializeResult(metadata={
+                "delivered": MetadataValue.int(sum(result.delivered.values())),
+                "waiting": MetadataValue.int(result.waiting),
+                "resent_conversations": MetadataValue.int(result.resent),
+                "failed_conversations": MetadataValue.int(len(result.failures)),
+                "unsent_ended_conversation": MetadataValue.int(result.unsent),
+            })
 
     return transmission
 

@@ -47,6 +47,7 @@ from poison_pipeline.operations.purge import PurgeOptions, PurgeRequest, purge
 from poison_pipeline.operations.requests import ActionContext, Request
 from poison_pipeline.operations.simulate import simulate
 from poison_pipeline.operations.undo import UndoError, UndoOptions, UndoRequest, find_recorded, undo
+from poison_pipeline.storage.faults import redacted_failures
 from poison_pipeline.text.archive import format_archive
 from poison_pipeline.text.purge import format_purge
 from poison_pipeline.text.simulation import simulation_markdown
@@ -226,7 +227,8 @@ def _operator_job(declaration: Declaration, queue: str, action: str) -> JobDefin
     body = factory(declaration, queue)
 
     def compute(context: OpExecutionContext, config: Config) -> Output:
-        return body(context, config)
+        with redacted_failures():  # Dagster logs an error with its causes: no credentials in them
+            return body(context, config)
 
     # The config parameter's annotation is what Dagster turns into the Launchpad's schema.
     compute.__annotations__ = {"context": OpExecutionContext, "config": config_class, "return": Output}

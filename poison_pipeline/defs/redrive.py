@@ -29,6 +29,7 @@ from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
 from poison_pipeline.operations.ramp import RampResult
 from poison_pipeline.operations.redrive import SAMPLE, RedriveOptions, RedriveRequest, RedriveResult, redrive
 from poison_pipeline.operations.requests import ActionContext
+from poison_pipeline.storage.faults import redacted_failures
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.text.redrive import format_ramp
 
@@ -109,9 +110,10 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
         fields = config.model_dump(exclude={"actor"})
         request = RedriveRequest.model_validate(
             fields | {"queue": queue, "id": config.id or redrive_id(root_run_id(context.op_execution_context))})
-        report = redrive(declaration, request.within(start, end), ActionContext(
-            actor=actor_of(context.op_execution_context, config.actor), run_id=context.run.run_id,
-            progress=functools.partial(_log_progress, context, queue)))
+        with redacted_failures():  # Dagster logs an error with its causes: no credentials in them
+            report = redrive(declaration, request.within(start, end), ActionContext(
+                actor=actor_of(context.op_execution_context, config.actor), run_id=context.run.run_id,
+                progress=functools.partial(_log_progress, context, queue)))
         for result in report.results:
             context.log.info(f"{queue}/{result.source} -> {result.target}/{INBOUND}: moved {result.moved} of "
                              f"{result.selected} selected ({result.redrive_id}"

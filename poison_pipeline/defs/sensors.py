@@ -34,6 +34,7 @@ from poison_pipeline.domain.routing import INBOUND, POISON
 from poison_pipeline.operations.interrupted import interrupted_actions
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.events import events_version
+from poison_pipeline.storage.faults import redacted_failures
 from poison_pipeline.storage.tables import ACTIONS, EVENTS, TRANSMISSION, QueueTables
 
 
@@ -212,6 +213,7 @@ def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDe
         default_status=DefaultSensorStatus.RUNNING,
         description=f"The {kind} sensor of {queue}/{table}: requests a cycle when messages are due.",
     )
+    @redacted_failures()  # the daemon logs an error with its causes: no credentials in them
     def evaluate(context: SensorEvaluationContext) -> SensorResult:
         if run_waiting(context.instance, job):
             return SensorResult(skip_reason=SkipReason(f"a run of {job} waits to start: it takes what is due"))
@@ -261,6 +263,7 @@ def transmission_sensor(declaration: Declaration, queue: str) -> SensorDefinitio
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Offers {queue}'s sent messages to their targets again when something changed.",
     )
+    @redacted_failures()  # the daemon logs an error with its causes: no credentials in them
     def evaluate(context: SensorEvaluationContext) -> SensorResult:
         cursor = parse_cursor(context.cursor)
         failed = run_ended_badly(context.instance, cursor.get("last_run_key"))

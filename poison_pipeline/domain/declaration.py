@@ -17,6 +17,7 @@ from poison_pipeline.domain.durations import Duration
 from poison_pipeline.domain.envelope import shown
 from poison_pipeline.domain.imports import IMPORT_CODE, check_path, import_callable, importing
 from poison_pipeline.domain.policy import Ordering, PoisonQueuePolicy, Policy
+from poison_pipeline.domain.redaction import MASK, SECRET_KEY, masked, redacted, remember
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.domain.user_code import DEFAULT_HOOK_TIMEOUT
 from poison_pipeline.handlers import batch_size
@@ -31,26 +32,6 @@ RETENTION_TABLES = (*FAILURE_TABLES, "archived")
 
 class DeclarationError(ValueError):
     """The declaration is invalid; the message names every field, value and rule broken."""
-
-
-MASK = "***"
-
-
-def masked(options: object) -> object:
-    """Storage options as they may be shown: their keys, never their values (credentials)."""
-    return {str(k): MASK for k in options} if isinstance(options, dict) else MASK
-
-
-# Spark's own default `spark.redaction.regex`: the config keys whose values Spark hides in its UI
-# and logs; a declaration's repr and its errors hide the same ones.
-_SECRET_KEY = re.compile(r"(?i)secret|password|token|access[.]?key")
-
-
-def redacted(config: object) -> object:
-    """Spark settings as they may be shown: a value whose key names a credential replaced by MASK."""
-    if not isinstance(config, dict):
-        return config
-    return {k: MASK if _SECRET_KEY.search(str(k)) else v for k, v in config.items()}
 
 
 class SparkSettings(BaseModel):
@@ -272,6 +253,14 @@ class Declaration(BaseModel):
         for name, value in super().__repr_args__():
             yield name, masked(value) if name == "storage_options" else value
 
+    @field_validator("storage_options")
+    @classmethod
+    def _credentials_never_shown(cls, value: dict[str, str]) -> dict[str, str]:
+        # Errors repeating them are raised far from the declaration (deep in delta-rs): noted here,
+        # they are hidden wherever such an error is shown (domain/redaction.py).
+        remember(value)
+        return value
+
     @field_validator("hook_timeout")
     @classmethod
     def _positive_hook_timeout(cls, value: timedelta) -> timedelta:
@@ -335,7 +324,7 @@ def _shown_input(loc: tuple[int | str, ...], value: object) -> object:
     if loc[:1] == ("storage_options",):
         return masked(value) if len(loc) == 1 else MASK
     if loc[:2] == ("spark", "config"):
-        return redacted(value) if len(loc) == 2 else (MASK if _SECRET_KEY.search(str(loc[2])) else value)
+        return redacted(value) if len(loc) == 2 else (MASK if SECRET_KEY.search(str(loc[2])) else value)
     if loc[:1] == ("spark",) and isinstance(value, dict) and isinstance(value.get("config"), dict):
         return {**value, "config": redacted(value["config"])}
     if isinstance(value, dict) and "storage_options" in value:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from pydantic import Field, field_validator, model_validator
 
+from poison_pipeline.domain.bounds import bounded_count, bounded_rate, spread_problem
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.paths import operator_id
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, PROCESSED, QUARANTINE
@@ -233,17 +233,27 @@ class RedriveOptions(Filters):
 
     @field_validator("rate")
     @classmethod
-    def _positive_rate(cls, value: float | None) -> float | None:
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"{value!r}: give a positive number of messages per second")
-        return value
+    def _bounded_rate(cls, value: float | None) -> float | None:
+        return None if value is None else bounded_rate(value)
 
     @field_validator("limit")
     @classmethod
     def _positive_limit(cls, value: int | None) -> int | None:
         if value is not None and value < 1:
             raise ValueError(f"{value!r}: give a positive number of messages")
-        return value
+        return None if value is None else bounded_count(value, 1)
+
+    @field_validator("max_failures")
+    @classmethod
+    def _bounded_failures(cls, value: int) -> int:
+        return bounded_count(value)
+
+    @model_validator(mode="after")
+    def _spread_of_the_limit(self) -> Self:
+        # Known at the door when a limit is given; otherwise once the selection is counted.
+        if self.rate is not None and self.limit is not None and (why := spread_problem(self.limit, self.rate)):
+            raise ValueError(why)
+        return self
 
     @field_validator("to")
     @classmethod
@@ -309,11 +319,19 @@ def redrive(declaration: Declaration, request: RedriveRequest, context: ActionCo
     rate = request.rate
     if request.dry_run or (rate is not None and len(sources) > 1):
         previews = [one(s, dry_run=True, rate=None, limit=request.limit) for s in sources]
+        if rate is not None:
+            rate /= max(1, sum(1 for p in previews if p.moved))
+            # Each table gets a share of the rate: every share is checked before the first is sent
+            # (and a dry run says what the redrive would).
+            for preview in previews:
+                if (why := spread_problem(preview.moved, rate)) is not None:
+                    raise RedriveError(why if len(sources) == 1 else
+                                       f"{why} (that is each table's share of --rate {request.rate:g}/s, shared by "
+                                       f"{', '.join(sources)})")
         if request.dry_run:
             if request.steps is not None:
                 previews[0].ramp_steps = step_sizes(request.steps, previews[0].moved)
             return RedriveReport(previews)
-        rate = (rate or 0) / max(1, sum(1 for p in previews if p.moved))
     results: list[RedriveResult] = []
     remaining = request.limit
     for source in sources:
@@ -335,6 +353,10 @@ def ramp_steps(values: list[str]) -> list[int | None]:
         if not text.isdigit() or int(text) < 1:
             raise ValueError(f"{','.join(values)!r}: {text!r} is not a step: write sizes that grow, e.g. 1,10,100,all "
                              "(all only last)")
+        try:
+            bounded_count(int(text), 1)
+        except ValueError as error:
+            raise ValueError(f"{','.join(values)!r}: step {error}") from None
         if steps and int(text) <= (steps[-1] or 0):
             raise ValueError(f"{','.join(values)!r}: each step must send more than the one before ({text} after "
                              f"{steps[-1]})")
@@ -392,6 +414,7 @@ def redrive_table(declaration: Declaration, queue: str, source: str, selection: 
         raise RedriveError(why)
     redrive_id = given or new_action_id(KIND)
     tables = QueueTables.of(declaration, queue)
+    _check_spread(declaration, request, tables, redrive_id, now or datetime.now(UTC))
     if dry_run:
         # Nothing is written, not even the tables a first redrive would create.
         return _summary(_plan(declaration, request, tables, redrive_id, now or datetime.now(UTC)), request,
@@ -414,6 +437,21 @@ def _checked(declaration: Declaration, request: TableRedrive) -> TableRedrive:
     # the tables a first redrive creates, nor the lease.
     selection_filter(request.selection, request.source)
     return request
+
+
+def _check_spread(declaration: Declaration, request: TableRedrive, tables: QueueTables, redrive_id: str,
+                  now: datetime) -> None:
+    """Refuse a rate too slow for the messages it would release before anything is written (not
+    even the lease): from the table's row count when that is few enough, else by planning."""
+    if request.rate is None:
+        return
+    try:
+        bounded_rate(request.rate)
+    except ValueError as error:  # a caller of the Python API that skipped the request's validation
+        raise RedriveError(f"--rate {error}") from None
+    held = tables.stats(request.source, now).rows if tables.exists(request.source) else 0
+    if spread_problem(held if request.limit is None else min(held, request.limit), request.rate) is not None:
+        _plan(declaration, request, tables, redrive_id, now)  # raises RedriveError if it still is too slow
 
 
 @dataclass
@@ -442,6 +480,8 @@ def _plan(declaration: Declaration, request: TableRedrive, tables: QueueTables, 
     if request.limit is not None and rows.num_rows > request.limit:
         skipped_limit = rows.num_rows - request.limit
         rows = rows.slice(0, request.limit)
+    if request.rate is not None and (why := spread_problem(rows.num_rows, request.rate)) is not None:
+        raise RedriveError(why)
     return _Plan(_as_inbound(rows, request, redrive_id, now), total, skipped_processed, skipped_guard,
                  skipped_limit, version)
 

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from pydantic import Field, field_validator, model_validator
 
+from poison_pipeline.domain.bounds import bounded_count
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_time
 from poison_pipeline.domain.predicates import PredicateError
@@ -103,7 +104,16 @@ class Filters(Request):
             if not version.isdigit():
                 raise ValueError(f"{value!r}: write a group id, or a group id and the version `groups` read "
                                  "(3fe6b38b@12)")
+            try:
+                bounded_count(int(version))
+            except ValueError as error:
+                raise ValueError(f"{value!r}: version {error}") from None
         return value
+
+    @field_validator("as_of_version")
+    @classmethod
+    def _bounded_version(cls, value: int | None) -> int | None:
+        return None if value is None else bounded_count(value)
 
     @model_validator(mode="after")
     def _one_version(self) -> Self:

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 
 from deltalake.exceptions import CommitFailedError, DeltaError, DeltaProtocolError, SchemaMismatchError
 
+from poison_pipeline.domain.redaction import redact
+
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 _COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 # object_store's own errors (`Generic S3 error: ...`), not delta-rs's logical ones (`Generic DeltaTable error`).
@@ -33,9 +35,10 @@ class StorageFailure(OSError):
     def __init__(self, doing: str, where: str, cause: BaseException, then: str = "") -> None:
         self.doing, self.where, self.then = doing, where, then
         self.code = _errno_of(cause)
-        self.cause = _describe(cause, self.code)
-        text = f"storage failure while {doing} ({where}): {self.cause}"
-        super().__init__(self.code or 0, text + (f". {then}" if then else ""))
+        # The library's words may repeat a request's URL and the credentials in it.
+        self.cause = redact(_describe(cause, self.code))
+        text = redact(f"storage failure while {doing} ({where}): {self.cause}" + (f". {then}" if then else ""))
+        super().__init__(self.code or 0, text)
         self.__cause__ = cause
 
     def __str__(self) -> str:
@@ -64,8 +67,8 @@ def _describe(error: BaseException, code: int | None) -> str:
 
 
 # What an object store answers when the lake cannot be reached at all, and what to tell the user:
-# the store and the setting to look at. Matched on object_store's words; values of the storage
-# options are never repeated (they may be credentials).
+# the store and the setting to look at. Matched on object_store's words; the endpoint named is
+# shown through `redact`, as every text from the store is (it may hold credentials).
 _UNREACHABLE = (
     (re.compile(r"NoSuchBucket|BucketNotFound|ContainerNotFound|The specified (bucket|container) does not exist"),
      "the bucket or container of lake_root does not exist on the store{holder}: create it, or correct lake_root"),
@@ -113,8 +116,8 @@ def store_problem(error: BaseException) -> str | None:
                 kind, options = "bucket", _OPTIONS["s3"]
             where = ", ".join(part for part in (f"endpoint {endpoint}" if endpoint else "",
                                                 f"{kind} {holder!r}" if holder else "") if part)
-            return advice.format(holder=f" ({kind} {holder!r})" if holder else "",
-                                 endpoint=f" ({where})" if where else "", **options)
+            return redact(advice.format(holder=f" ({kind} {holder!r})" if holder else "",
+                                        endpoint=f" ({where})" if where else "", **options))
     return None
 
 
@@ -152,3 +155,34 @@ def writing(doing: str, where: str) -> Iterator[None]:
         if is_fault(error):
             raise StorageFailure(doing, where, error) from error
         raise
+
+
+def shown(error: BaseException) -> str:
+    """A storage error as one line for a person: a StorageFailure as worded, an unreachable store's
+    advice, else the library's words; credentials masked (`redact`)."""
+    if isinstance(error, StorageFailure):
+        return str(error)
+    said = " ".join(str(error).split())
+    return redact(store_problem(error) or f"{type(error).__name__}: {said}")
+
+
+class ShownFailure(OSError):
+    """A storage error as a Dagster run's log shows it: `shown`'s line, without the chain of library
+    errors under it (which repeat the request's URL)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+@contextmanager
+def redacted_failures() -> Iterator[None]:
+    """Re-raise a storage error of the block without the library's errors under it, as a
+    StorageFailure or a ShownFailure: Dagster records an error with its causes, and delta-rs's may
+    carry credentials."""
+    try:
+        yield
+    except StorageFailure as failure:
+        raise failure from None  # its own words are redacted; its causes are the library's
+    except (DeltaError, OSError) as error:
+        raise ShownFailure(error.errno if isinstance(error, OSError) else None, shown(error)) from None
+

@@ -43,6 +43,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from poison_pipeline.domain.declaration import LeaseSettings
+from poison_pipeline.domain.redaction import redact
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.faults import writing
 
@@ -253,7 +254,8 @@ class Lease:
         """Raise LeaseLost if another starter took the lease over: call before committing."""
         unrenewed = time.monotonic() - self._renewed
         if not self._lost and unrenewed >= self.settings.expiry.total_seconds():
-            why = f" (the last renewal failed: {self._renew_error})" if self._renew_error is not None else ""
+            failed = self._renew_error
+            why = f" (the last renewal failed: {redact(str(failed))})" if failed is not None else ""
             self._lost = (f"the lease of queue {self.queue!r} could not be renewed for {unrenewed:.1f}s "
                           f"(lease.expiry){why}: another starter may hold it now")
         if self._lost:
@@ -297,7 +299,7 @@ def queue_lease(uri: str, queue: str, storage_options: dict[str, str], settings:
             # failed: the lease, no longer renewed, expires on its own after lease.expiry.
             logging.getLogger(__name__).warning(
                 "could not release the lease of queue %r (%s); it expires on its own %s after its "
-                "last renewal (lease.expiry)", queue, error, settings.expiry)
+                "last renewal (lease.expiry)", queue, redact(str(error)), settings.expiry)
 
 
 @dataclass
