@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.names import ActionName
 from poison_pipeline.engine.recovery import finish_interrupted_cycles
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.plans import Plan, read_plan, remove_plan, write_plan
@@ -77,7 +77,7 @@ def default_actor() -> str:
 
 def new_action_id(kind: str) -> str:
     """A new id, unlike any other: a rerun of the same command with the same arguments is a new action."""
-    return f"{kind}-{uuid.uuid4().hex[:12]}"
+    return str(ActionName.default(kind))
 
 
 def queue_recording(declaration: Declaration, action_id: str, other_than: str) -> str | None:
