@@ -25,7 +25,7 @@ import pyarrow.dataset as pads
 from pydantic import Field
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.paths import operator_id
+from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.actions import (
     Action,
@@ -128,7 +128,7 @@ def _act(declaration: Declaration, kind: str, queue: str, table: str, selection:
         check_table(table)
     except SelectionError as error:
         raise ArchiveError(f"--table {error}") from None
-    if (given := operator_id(action_id, ArchiveError)) is not None and \
+    if (given := action_id_part(action_id, ArchiveError)) is not None and \
             (why := reused_id(declaration, given, queue, kind)) is not None:
         raise ArchiveError(why)
     selection_filter(selection, table)  # a bad filter fails here, before the lease or any table

@@ -36,7 +36,7 @@ from pydantic import Field, field_validator, model_validator
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
 from poison_pipeline.domain.names import ActionName
-from poison_pipeline.domain.paths import operator_id
+from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
 from poison_pipeline.operations.actions import (
     ABANDONED,
@@ -176,7 +176,7 @@ def edit_message(declaration: Declaration, message_id: str, body: bytes, headers
     given = dict(headers or {})
     if queue is not None and queue not in declaration.queues:
         raise EditError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
-    given_id = operator_id(edit_id, EditError)
+    given_id = action_id_part(edit_id, EditError)
     if given_id is not None and queue is not None and \
             (why := reused_id(declaration, given_id, queue, "edit")) is not None:
         raise EditError(why)

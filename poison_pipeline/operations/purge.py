@@ -43,7 +43,7 @@ from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_duration
-from poison_pipeline.domain.paths import operator_id
+from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import FAILED_AT
 from poison_pipeline.operations.actions import (
     Action,
@@ -167,7 +167,7 @@ def purge_table(declaration: Declaration, queue: str, table: str, older_than: ti
         check_table(table)
     except SelectionError as error:
         raise PurgeError(f"--table {error}") from None
-    if (given := operator_id(purge_id, PurgeError)) is not None and \
+    if (given := action_id_part(purge_id, PurgeError)) is not None and \
             (why := reused_id(declaration, given, queue, KIND)) is not None:
         raise PurgeError(why)
     age = parse_duration(older_than)

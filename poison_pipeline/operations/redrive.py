@@ -48,7 +48,7 @@ from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.names import ActionName, AppTransaction, BatchName
-from poison_pipeline.domain.paths import operator_id
+from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import (
     ABANDONED,
@@ -170,7 +170,7 @@ class RedriveOptions(Filters):
     dry_run: bool = Field(default=False, description="Say what would move; change nothing.")
     id: ActionId = Field(default=None, description="The redrive's id; default: a new one. Run again with it, "
                          "an interrupted redrive completes as it was recorded. With several source tables, "
-                         "each has its own: the id and the table (r1-poison).")
+                         "each has its own: the id and the table (r1--poison).")
 
     @field_validator("source_tables")
     @classmethod
@@ -294,7 +294,7 @@ def redrive(declaration: Declaration, request: RedriveRequest, context: ActionCo
     if request.steps is not None and not request.dry_run:
         _checked(declaration, TableRedrive(request.queue, sources[0], request.queue, selection, None, None,
                                            request.force, ()))
-        if (given := operator_id(request.id, RedriveError)) is not None and \
+        if (given := action_id_part(request.id, RedriveError)) is not None and \
                 (why := reused_id(declaration, given, request.queue, RAMP)) is not None:
             raise RedriveError(why)
         return RedriveReport([], start_ramp(declaration, request.queue, sources[0], selection, request.steps,
@@ -389,7 +389,7 @@ def redrive_table(declaration: Declaration, queue: str, source: str, selection: 
     replacements = tuple(sorted((replace or {}).items()))
     request = _checked(declaration, TableRedrive(queue, source, to or queue, selection or Selection(),
                                                  rate, limit, force, replacements))
-    given = operator_id(redrive_id, RedriveError)
+    given = action_id_part(redrive_id, RedriveError)
     if given is not None and (why := reused_id(declaration, given, queue, KIND)) is not None:
         raise RedriveError(why)
     redrive_id = given or new_action_id(KIND)
