@@ -264,7 +264,7 @@ def test_a_redrive_and_a_cycle_of_the_same_queue_launched_together_run_one_after
     assert where["slow"] == ["processed:processed"]
     assert all(where[f"d{i}-{kind}"] == ["inbound"] for i in range(3) for kind in ("withdrawal", "refund"))
     assert conservation(QueueTables.of(lake, "q")).accounted == 7
-    assert find_action(QueueTables.of(lake, "q"), f"{redrive_id(results[redrive_job_name('q')].run_id)}-poison")
+    assert find_action(QueueTables.of(lake, "q"), f"{redrive_id(results[redrive_job_name('q')].run_id)}--poison")
 
 
 @pytest.mark.e2e
