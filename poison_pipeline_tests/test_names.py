@@ -12,13 +12,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from poison_pipeline import cli
-from poison_pipeline.domain.names import ActionName, AppTransaction, BatchName, ReservedName, check_operator_id
+from poison_pipeline.domain.names import (
+    ActionName,
+    AppTransaction,
+    BatchName,
+    ConversationName,
+    ReservedName,
+    SentName,
+    check_operator_id,
+)
 from poison_pipeline.domain.paths import UnsafeName, operator_id
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations import redrive as redrive_module
 from poison_pipeline.operations.actions import find_action
 from poison_pipeline.operations.conservation import conservation
+from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditRequest
+from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import RedriveRequest, redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import undo_action
@@ -114,6 +124,31 @@ def test_a_lake_written_before_the_namespaces_is_still_undone(lake, monkeypatch)
     assert find_action(tables, "fix--undo") is not None
 
 
+FORWARD = "poison_pipeline_tests.handlers:forwarding"
+ACCEPT = "poison_pipeline_tests.handlers:accept"
+FAST = {"receive_retry_count": 0, "max_retry_cycles": 0, "retry_cycle_delay": 0, "receive_error_handling": "drop"}
+
+
+def test_two_queues_messages_with_one_id_send_two_messages_and_a_redelivery_sends_none(spark, make_declaration):
+    declaration = make_declaration({"orders": {"handler": FORWARD, "policy": FAST},
+                                    "refunds": {"handler": FORWARD, "policy": FAST},
+                                    "target": {"handler": ACCEPT, "policy": FAST}})
+    send = {"message_id": "1001", "message_type": "t", "body": {"sends": [{"to": "target", "type": "t"}]}}
+    for queue in ("orders", "refunds"):
+        assert not enqueue(declaration, queue, [send]).refused
+        run_cycle(spark, declaration, queue, "inbound")
+        run_cycle(spark, declaration, "target", "inbound")
+    ledger = {r["message_id"]: r["disposition"] for r in rows(declaration, "processed", "target")}
+    assert ledger == {"orders:1001/1": "processed", "refunds:1001/1": "processed"}
+    conversations = {r["conversation_id"] for r in rows(declaration, "processed", "target")}
+    assert conversations == {"conv:orders/1001", "conv:refunds/1001"}
+    # orders' 1001 handled again (a redelivery) sends the same message: the target drops the copy.
+    assert not enqueue(declaration, "orders", [{**send, "message_id": "1001"}]).refused
+    run_cycle(spark, declaration, "orders", "inbound")
+    report = run_cycle(spark, declaration, "target", "inbound")
+    assert not report.counts.get("processed")
+
+
 # --- the name types -------------------------------------------------------------------------------
 
 _SEGMENT = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,12}", fullmatch=True)
@@ -154,8 +189,11 @@ names = st.one_of(
     action_names().map(lambda n: ("app", AppTransaction.undo(str(n)))),
     action_names().map(lambda n: ("app", AppTransaction.restore(str(n)))),
     action_names().map(lambda n: ("app", AppTransaction.parked(str(n)))),
+    st.tuples(queues, st.text(max_size=12), st.integers(1, 20)).map(lambda t: ("sent", SentName(*t))),
+    st.tuples(queues, st.text(max_size=12)).map(lambda t: ("conversation", ConversationName(*t))),
 )
-_PARSERS = {"action": ActionName.parse, "batch": BatchName.parse, "app": AppTransaction.parse}
+_PARSERS = {"action": ActionName.parse, "batch": BatchName.parse, "app": AppTransaction.parse,
+            "sent": SentName.parse, "conversation": ConversationName.parse}
 
 
 @given(names, names)

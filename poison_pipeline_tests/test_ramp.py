@@ -67,7 +67,8 @@ def test_a_ramp_sends_its_steps_one_cycle_after_another_and_completes(spark, poi
     assert all(p == ["processed:processed"] for p in places(declaration).values())
     ramp = ramp_of(config, "r1")
     assert (ramp.state, ramp.counts["completed_steps"], ramp.counts["sent"]) == (DONE, 3, 6)
-    assert [a.action_id for a in list_actions(declaration, "q") if a.kind == "redrive"] == ["r1--step1", "r1--step2", "r1--step3"]
+    assert [a.action_id for a in list_actions(declaration, "q") if a.kind == "redrive"] == \
+        ["r1--step1", "r1--step2", "r1--step3"]
 
 
 def test_a_ramp_stops_on_the_first_step_that_fails_again_and_parks_it(spark, poisoned, capsys):

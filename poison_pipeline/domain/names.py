@@ -13,6 +13,8 @@ that no operator id, queue name or table name can reach:
 - **batch ids** of a redrive's copies: `<action id>/<chunk>`; a ramp's parked copies:
   `<ramp id>/parked`. An action id holds no `/`, and the cycles' and transmissions' own batch ids
   (`inbound-3-1a2b3c4d`, `tx-orders-5`) hold none either.
+- **sent messages**: `<sender queue>:<message id>/<n>`, and a sent message's default conversation
+  `conv:<sender queue>/<message id>`: each queue's message ids are its own.
 - **app transactions** of operator actions: `poison_pipeline:<kind>/<part>/...`. Queue names, table
   names and ids hold no `:`, so none of the product's per-queue transactions
   (`poison_pipeline/<queue>/fence`, `poison_pipeline/<queue>/<table>`, ...) can be one of them.
@@ -223,3 +225,56 @@ class AppTransaction:
     def name(self) -> str:
         """The name the commits carry: the earlier one for an action begun under it."""
         return str(self) if self.legacy is None else self.legacy
+
+
+# A queue name (domain/declaration.py): lowercase letters, digits and _, so never a ':'.
+_QUEUE = re.compile(r"[a-z0-9_]+")
+
+
+@dataclass(frozen=True, order=True)
+class SentName:
+    """The id of a message a handler sent: `<sender queue>:<message id>/<n>`, the n-th message the
+    handling of `message_id` in the sender queue sent. Each queue has its own message ids (orders'
+    1001 is not refunds' 1001), so the sender is part of the name; a queue name holds no `:` and n no
+    `/`, so the three parts come back whole. A redelivery of the same message sends the same ids,
+    and the target drops the copies. `sender` None: sent by an earlier version, `<message id>/<n>`."""
+
+    sender: str | None
+    message_id: str
+    n: int
+
+    def __str__(self) -> str:
+        sent = f"{self.message_id}/{self.n}"
+        return sent if self.sender is None else f"{self.sender}:{sent}"
+
+    @classmethod
+    def parse(cls, text: str) -> SentName | None:
+        """The sent message `text` names (either form), or None: an id no handler's send gave."""
+        head, slash, n = text.rpartition("/")
+        if not slash or not n.isdigit():
+            return None
+        sender, colon, message_id = head.partition(":")
+        if colon and _QUEUE.fullmatch(sender):
+            return cls(sender, message_id, int(n))
+        return cls(None, head, int(n))
+
+
+@dataclass(frozen=True, order=True)
+class ConversationName:
+    """The conversation a sent message goes on when neither the handler nor the message it handles
+    names one: `conv:<sender queue>/<message id>`, one per message of one queue (an earlier version
+    named it `conv-<message id>`, which two queues' messages with one id shared)."""
+
+    sender: str
+    message_id: str
+
+    def __str__(self) -> str:
+        return f"conv:{self.sender}/{self.message_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> ConversationName | None:
+        """The default conversation `text` names, or None: one a handler or producer named."""
+        if not text.startswith("conv:"):
+            return None
+        sender, slash, message_id = text[len("conv:"):].partition("/")
+        return cls(sender, message_id) if slash and _QUEUE.fullmatch(sender) else None
