@@ -189,6 +189,8 @@ names = st.one_of(
     action_names().map(lambda n: ("app", AppTransaction.undo(str(n)))),
     action_names().map(lambda n: ("app", AppTransaction.restore(str(n)))),
     action_names().map(lambda n: ("app", AppTransaction.parked(str(n)))),
+    action_names().map(lambda n: ("app", AppTransaction.action(str(n)))),
+    action_names().map(lambda n: ("app", AppTransaction.removed(str(n)))),
     st.tuples(queues, st.text(max_size=12), st.integers(1, 20)).map(lambda t: ("sent", SentName(*t))),
     st.tuples(queues, st.text(max_size=12)).map(lambda t: ("conversation", ConversationName(*t))),
 )
@@ -220,7 +222,8 @@ def test_a_derived_id_is_never_one_an_operator_may_give(given_id, name):
 def test_an_operator_actions_transaction_is_none_of_the_products_own(queue, given_id, word):
     own = {f"poison_pipeline/{queue}/{word}", f"poison_pipeline/transmission/{queue}", "poison_pipeline/intake/opening"}
     for app in (AppTransaction.redrive(queue, given_id), AppTransaction.undo(given_id),
-                AppTransaction.restore(given_id), AppTransaction.parked(given_id)):
+                AppTransaction.restore(given_id), AppTransaction.parked(given_id), AppTransaction.action(given_id),
+                AppTransaction.removed(given_id)):
         assert str(app) not in own
 
 
@@ -236,3 +239,6 @@ def test_a_batch_of_a_redrive_matches_by_its_whole_name_in_either_form():
     assert ActionName("fix").undo().legacy() == "undo-fix"
     assert ActionName("r").ramp_step(2).legacy() == "r-2"
     assert ActionName("e").edit_redrive().legacy() == "e-redrive"
+    # What is committed is read under both names: an action an earlier version began completes.
+    assert AppTransaction.action("p1").spellings() == ("poison_pipeline:action/p1", "poison_pipeline/p1")
+    assert AppTransaction.redrive("q", "r1", legacy=True).name == "poison_pipeline/q/r1"

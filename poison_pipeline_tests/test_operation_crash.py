@@ -140,7 +140,7 @@ COMMITS: dict[str, list[str]] = {
     ],
     'edit': [
         'q/actions WRITE Append e1:planned',
-        'q/edits WRITE Append txn poison_pipeline/e1@1',
+        'q/edits WRITE Append txn poison_pipeline:action/e1@1',
         'q/actions WRITE Append e1--redrive:planned',
         'q/plans WRITE Append',
         'q/inbound WRITE Append txn poison_pipeline:redrive/q/e1--redrive@1',
@@ -152,8 +152,8 @@ COMMITS: dict[str, list[str]] = {
     'purge': [
         'q/actions WRITE Append p1:planned',
         'q/plans WRITE Append',
-        'q/purged WRITE Append txn poison_pipeline/p1@1',
-        'q/poison WRITE Overwrite txn poison_pipeline/p1/removed@1',
+        'q/purged WRITE Append txn poison_pipeline:action/p1@1',
+        'q/poison WRITE Overwrite txn poison_pipeline:removed/p1@1',
         'q/actions WRITE Overwrite p1:done',
         'q/plans WRITE Overwrite',
     ],

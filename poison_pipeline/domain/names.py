@@ -171,6 +171,12 @@ class BatchName:
 _APP = "poison_pipeline:"
 
 
+# How an earlier version named each kind, from its parts.
+_EARLIER = {"redrive": "poison_pipeline/{0}/{1}", "undo": "poison_pipeline/{0}",
+            "restore": "poison_pipeline/{0}/restore", "parked": "poison_pipeline/{0}/parked",
+            "action": "poison_pipeline/{0}", "removed": "poison_pipeline/{0}/removed"}
+
+
 @dataclass(frozen=True, order=True)
 class AppTransaction:
     """The Delta app transaction an operator action's commits carry, so a replay writes nothing:
@@ -193,17 +199,20 @@ class AppTransaction:
         return cls(kind, tuple(parts))
 
     @classmethod
+    def _of(cls, kind: str, parts: tuple[str, ...], legacy: bool) -> AppTransaction:
+        return cls(kind, parts, _EARLIER[kind].format(*parts) if legacy else None)
+
+    @classmethod
     def redrive(cls, source_queue: str, redrive_id: str, *, legacy: bool = False) -> AppTransaction:
         """A redrive's appends to its target, namespaced by the source queue: the same id used by two
         queues redriving into one target never reads as the other's commit. `legacy`: the redrive
         was planned by an earlier version, which named them `poison_pipeline/<queue>/<id>`."""
-        return cls("redrive", (source_queue, redrive_id),
-                   f"poison_pipeline/{source_queue}/{redrive_id}" if legacy else None)
+        return cls._of("redrive", (source_queue, redrive_id), legacy)
 
     @classmethod
     def undo(cls, undo_id: str, *, legacy: bool = False) -> AppTransaction:
-        """An undo's appends back (and, as `.intake()`, its intake rows)."""
-        return cls("undo", (undo_id,), f"poison_pipeline/{undo_id}" if legacy else None)
+        """An undo's appends back to the action's table."""
+        return cls._of("undo", (undo_id,), legacy)
 
     @classmethod
     def undo_intake(cls, queue: str, undo_id: str, *, legacy: bool = False) -> AppTransaction:
@@ -214,17 +223,34 @@ class AppTransaction:
     @classmethod
     def restore(cls, undo_id: str, *, legacy: bool = False) -> AppTransaction:
         """The mark each restore commit of an undo carries."""
-        return cls("restore", (undo_id,), f"poison_pipeline/{undo_id}/restore" if legacy else None)
+        return cls._of("restore", (undo_id,), legacy)
 
     @classmethod
     def parked(cls, ramp_id: str, *, legacy: bool = False) -> AppTransaction:
         """The append of a ramp's parked copies back to its table."""
-        return cls("parked", (ramp_id,), f"poison_pipeline/{ramp_id}/parked" if legacy else None)
+        return cls._of("parked", (ramp_id,), legacy)
+
+    @classmethod
+    def action(cls, action_id: str) -> AppTransaction:
+        """The one commit of an action's own rows: an edit's `edits` row, an archive's markers, a
+        purge's ledger rows."""
+        return cls._of("action", (action_id,), False)
+
+    @classmethod
+    def removed(cls, action_id: str) -> AppTransaction:
+        """A purge's removal of its messages from their table."""
+        return cls._of("removed", (action_id,), False)
 
     @property
     def name(self) -> str:
         """The name the commits carry: the earlier one for an action begun under it."""
         return str(self) if self.legacy is None else self.legacy
+
+    def spellings(self) -> tuple[str, ...]:
+        """Its name, then the earlier one: whether the commit landed is read under both (an action an
+        earlier version began, completed by this one)."""
+        earlier = _EARLIER[self.kind].format(*self.parts)
+        return (self.name,) if earlier == self.name else (self.name, earlier)
 
 
 # A queue name (domain/declaration.py): lowercase letters, digits and _, so never a ':'.

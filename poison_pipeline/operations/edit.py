@@ -35,7 +35,7 @@ from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
-from poison_pipeline.domain.names import ActionName
+from poison_pipeline.domain.names import ActionName, AppTransaction
 from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
 from poison_pipeline.operations.actions import (
@@ -43,6 +43,7 @@ from poison_pipeline.operations.actions import (
     DONE,
     Action,
     Recorded,
+    committed,
     default_actor,
     find_action,
     new_action_id,
@@ -326,8 +327,9 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
 
 
 def _record(writer: QueueWriter, edit_id: str, row: dict[str, Any]) -> None:
-    writer.append(EDITS, pa.Table.from_pylist([row], schema=schemas.EDITS), app_id=f"poison_pipeline/{edit_id}",
-                  version=1)
+    app = AppTransaction.action(edit_id)
+    if (edits := writer.tables.open_if_exists(EDITS)) is None or not committed(edits, app):
+        writer.append(EDITS, pa.Table.from_pylist([row], schema=schemas.EDITS), app_id=app.name, version=1)
 
 
 def edits_of(declaration: Declaration, message_id: str) -> list[dict[str, Any]]:
