@@ -19,10 +19,10 @@ that no operator id, queue name or table name can reach:
   names and ids hold no `:`, so none of the product's per-queue transactions
   (`poison_pipeline/<queue>/fence`, `poison_pipeline/<queue>/<table>`, ...) can be one of them.
 
-Lakes written before these namespaces stay readable: the one parser of a kind also reads its earlier
-form (`<id>-<chunk>` batches, `undo-<id>`, `<id>-redrive`, `<id>-<k>` ramp steps), and each name
-knows its earlier spelling (`legacy`) so that an action begun by an earlier version completes under
-the names it began with.
+Lakes written before these namespaces stay readable: a batch's parser also reads its earlier form
+(`<id>-<chunk>`), and each name knows its earlier spelling (`undo-<id>`, `<id>-redrive`, `<id>-<k>`
+ramp steps, `poison_pipeline/<queue>/<id>` transactions): a lookup tries both, so an action begun by
+an earlier version is found and completes under the names it began with.
 """
 
 from __future__ import annotations
@@ -115,6 +115,12 @@ class ActionName:
         """This name, then its earlier spelling: how a lookup of the action finds it in any lake."""
         old = self.legacy()
         return (str(self),) if old is None or old == str(self) else (str(self), old)
+
+
+def begun_earlier(undo_id: str) -> bool:
+    """Whether undo `undo_id` was begun by an earlier version (`undo-<id>`, not `<id>--undo`): its
+    commits keep the names it began with."""
+    return ActionName.parse(undo_id).steps[-1:] != (UNDO,)
 
 
 _BATCH = "/"

@@ -25,7 +25,7 @@ import pyarrow.dataset as pads
 from pydantic import Field
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.names import UNDO, ActionName, AppTransaction
+from poison_pipeline.domain.names import AppTransaction, begun_earlier
 from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.actions import (
@@ -276,7 +276,7 @@ def reverse(writer: QueueWriter, action: Action, undo_id: str) -> int:
     versions = action.versions[f"{tables.queue}/{ARCHIVED}"]
     before, after = (_markers_at(tables, versions[k]) for k in ("before", "after"))
     removed = before.filter(pc.invert(pc.is_in(row_keys(before), value_set=row_keys(after))))
-    app = AppTransaction.undo(undo_id, legacy=ActionName.parse(undo_id).steps[-1:] != (UNDO,))
+    app = AppTransaction.undo(undo_id, legacy=begun_earlier(undo_id))
     writer.append(ARCHIVED, removed.cast(schemas.ARCHIVED), app_id=app.name, version=1)
     return int(removed.num_rows)
 

@@ -49,7 +49,7 @@ from deltalake import DeltaTable, Transaction
 from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.names import UNDO, ActionName, AppTransaction, BatchName
+from poison_pipeline.domain.names import ActionName, AppTransaction, BatchName, begun_earlier
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
 from poison_pipeline.operations import archive as archiving
 from poison_pipeline.operations.actions import (
@@ -160,19 +160,14 @@ def undo_id_of(tables: QueueTables, action_id: str) -> str:
     return str(name)
 
 
-def _legacy(undo_id: str) -> bool:
-    """Whether undo `undo_id` was begun by an earlier version: its commits keep the names it began with."""
-    return ActionName.parse(undo_id).steps[-1:] != (UNDO,)
-
-
 def _restore_mark(undo_id: str) -> str:
     """The app transaction each restore commit of undo `undo_id` carries."""
-    return AppTransaction.restore(undo_id, legacy=_legacy(undo_id)).name
+    return AppTransaction.restore(undo_id, legacy=begun_earlier(undo_id)).name
 
 
 def _back_mark(undo_id: str) -> str:
     """The app transaction of undo `undo_id`'s append back to the action's table."""
-    return AppTransaction.undo(undo_id, legacy=_legacy(undo_id)).name
+    return AppTransaction.undo(undo_id, legacy=begun_earlier(undo_id)).name
 
 
 def _touched(declaration: Declaration, action: Action) -> list[tuple[QueueTables, str, dict[str, int | None]]]:
@@ -265,7 +260,7 @@ def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action,
     with operator_writer(declaration, target, "undo", run_id, resuming=[undo_id], within=writer) as target_writer:
         result = _compensate(writer, source, target_writer, action, record.action_id)
         if target.queue != tables.queue:  # the reverse of the redrive's intake rows
-            app_id = AppTransaction.undo_intake(tables.queue, record.action_id, legacy=_legacy(record.action_id)).name
+            app_id = AppTransaction.undo_intake(tables.queue, undo_id, legacy=begun_earlier(undo_id)).name
             record_intake(writer, f"undo from {target.queue}", record.action_id, result.restored, now, app_id, 1)
             record_intake(target_writer, f"undo to {tables.queue}", record.action_id, -result.restored, now, app_id,
                           1)
