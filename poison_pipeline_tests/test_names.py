@@ -24,7 +24,7 @@ from poison_pipeline.domain.names import (
 from poison_pipeline.domain.paths import UnsafeName, operator_id
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations import redrive as redrive_module
-from poison_pipeline.operations.actions import find_action
+from poison_pipeline.operations.actions import begin_action, find_action
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditRequest
@@ -33,6 +33,7 @@ from poison_pipeline.operations.redrive import RedriveRequest, redrive_table
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.storage.writer import queue_writer
 from poison_pipeline_tests.support import rows
 from poison_pipeline_tests.test_redrive import lake  # noqa: F401 - the shared fixture
 
@@ -122,6 +123,21 @@ def test_a_lake_written_before_the_namespaces_is_still_undone(lake, monkeypatch)
     assert undo_action(declaration, "fix").restored == 1
     assert ids_in(declaration, "inbound") == ["db-1"]
     assert find_action(tables, "fix--undo") is not None
+
+
+def test_an_undo_an_earlier_version_began_completes_under_its_names(lake):  # noqa: F811
+    """Killed after its record (`undo-fix`, planned) under an earlier version: it completes as begun."""
+    declaration, _ = lake
+    redrive_table(declaration, "q", "poison", Selection(ids=("db-0",)), redrive_id="fix")
+    tables = QueueTables.of(declaration, "q")
+    with queue_writer(tables, "test") as writer:
+        begin_action(writer, "undo", "dave", {"action_id": "fix", "how": "compensate"},
+                     [(tables, "poison"), (tables, "inbound")], action_id="undo-fix")
+    result = undo_action(declaration, "fix")
+    assert (result.undo_id, result.restored) == ("undo-fix", 1)
+    assert find_action(tables, "undo-fix").state == "done" and find_action(tables, "fix--undo") is None
+    assert tables.open("poison").transaction_version("poison_pipeline/undo-fix") == 1
+    assert ids_in(declaration, "poison") == ["db-0", "db-1", "db-2", "own-1"]
 
 
 FORWARD = "poison_pipeline_tests.handlers:forwarding"
