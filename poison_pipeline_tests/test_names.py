@@ -206,6 +206,7 @@ names = st.one_of(
     action_names().map(lambda n: ("app", AppTransaction.restore(str(n)))),
     action_names().map(lambda n: ("app", AppTransaction.parked(str(n)))),
     action_names().map(lambda n: ("app", AppTransaction.action(str(n)))),
+    queues.map(lambda q: ("app", AppTransaction.transmission(q))),
     action_names().map(lambda n: ("app", AppTransaction.removed(str(n)))),
     st.tuples(queues, st.text(max_size=12), st.integers(1, 20)).map(lambda t: ("sent", SentName(*t))),
     st.tuples(queues, st.text(max_size=12)).map(lambda t: ("conversation", ConversationName(*t))),
@@ -236,7 +237,7 @@ def test_a_derived_id_is_never_one_an_operator_may_give(given_id, name):
 
 @given(queues, operator_ids, st.sampled_from(["fence", "queue_state", "inbound", "retry_1", "intake"]))
 def test_an_operator_actions_transaction_is_none_of_the_products_own(queue, given_id, word):
-    own = {f"poison_pipeline/{queue}/{word}", f"poison_pipeline/transmission/{queue}", "poison_pipeline/intake/opening"}
+    own = {f"poison_pipeline/{queue}/{word}", str(AppTransaction.transmission(queue)), "poison_pipeline/intake/opening"}
     for app in (AppTransaction.redrive(queue, given_id), AppTransaction.undo(given_id),
                 AppTransaction.restore(given_id), AppTransaction.parked(given_id), AppTransaction.action(given_id),
                 AppTransaction.removed(given_id)):

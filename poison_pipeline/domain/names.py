@@ -15,7 +15,7 @@ that no operator id, queue name or table name can reach:
   (`inbound-3-1a2b3c4d`, `tx-orders-5`) hold none either.
 - **sent messages**: `<sender queue>:<message id>/<n>`, and a sent message's default conversation
   `conv:<sender queue>/<message id>`: each queue's message ids are its own.
-- **app transactions** of operator actions: `poison_pipeline:<kind>/<part>/...`. Queue names, table
+- **app transactions** of operator actions and of transmissions: `poison_pipeline:<kind>/<part>/...`. Queue names, table
   names and ids hold no `:`, so none of the product's per-queue transactions
   (`poison_pipeline/<queue>/fence`, `poison_pipeline/<queue>/<table>`, ...) can be one of them.
 
@@ -180,7 +180,8 @@ _APP = "poison_pipeline:"
 # How an earlier version named each kind, from its parts.
 _EARLIER = {"redrive": "poison_pipeline/{0}/{1}", "undo": "poison_pipeline/{0}",
             "restore": "poison_pipeline/{0}/restore", "parked": "poison_pipeline/{0}/parked",
-            "action": "poison_pipeline/{0}", "removed": "poison_pipeline/{0}/removed"}
+            "action": "poison_pipeline/{0}", "removed": "poison_pipeline/{0}/removed",
+            "transmission": "poison_pipeline/transmission/{0}"}
 
 
 @dataclass(frozen=True, order=True)
@@ -246,6 +247,14 @@ class AppTransaction:
     def removed(cls, action_id: str) -> AppTransaction:
         """A purge's removal of its messages from their table."""
         return cls._of("removed", (action_id,), False)
+
+    @classmethod
+    def transmission(cls, sender: str) -> AppTransaction:
+        """A sender's transmissions (its targets' inbounds, its dead_letter and notifications), each at
+        the version of the transmission table it read plus one. Its earlier name,
+        `poison_pipeline/transmission/<queue>`, was a cycle's of a queue named transmission whose table
+        was named like the sender (`poison_pipeline/<queue>/<table>`)."""
+        return cls._of("transmission", (sender,), False)
 
     @property
     def name(self) -> str:
