@@ -353,7 +353,7 @@ def test_an_undo_into_another_queue_killed_half_way_is_completed_by_its_queues_n
             undo_action(declaration, "r1")
     assert places(declaration, "z") == {"m1": [INBOUND], "m2": [INBOUND], "n1": [INBOUND]}
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
-    assert cycle(declaration).interrupted.completed == ["undo-r1"]
+    assert cycle(declaration).interrupted.completed == ["r1--undo"]
     assert places(declaration, "z") == {"n1": [INBOUND]}
     assert places(declaration) == {"m1": [POISON], "m2": [POISON]}
     assert (accounted(declaration, "q"), accounted(declaration, "z")) == (2, 1)

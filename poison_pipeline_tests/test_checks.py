@@ -185,8 +185,8 @@ def test_conservation_balances_across_sends_unsent_sends_and_redrives_between_qu
     run_cycle(spark, declaration, "orders", "inbound")
     orders, shipping = QueueTables.of(declaration, "orders"), QueueTables.of(declaration, "shipping")
     assert places(declaration, "orders") == {"o1": ["processed:processed"], "o2": ["processed:processed"],
-                                             "o2/1": ["dead_letter"], "o3": ["poison"]}
-    assert places(declaration, "shipping") == {"o1/1": ["inbound"]}
+                                             "orders:o2/1": ["dead_letter"], "o3": ["poison"]}
+    assert places(declaration, "shipping") == {"orders:o1/1": ["inbound"]}
     moved = redrive_table(declaration, "orders", "poison", to="shipping")  # o3 leaves orders for shipping
     assert moved.moved == 1
     lines = {q: check_conservation(t) for q, t in (("orders", orders), ("shipping", shipping))}

@@ -131,7 +131,7 @@ def test_a_range_of_two_days_is_redriven_in_one_run_and_the_third_day_stays(lake
     # One redrive per source table, recorded with the run and the user who launched it.
     actions = {a.action_id: a for a in list_actions(lake, "q")}
     assert sorted(seen["redrive_ids"]) == sorted(actions)
-    assert sorted(actions) == sorted(f"{redrive_id(result.run_id)}-{t}" for t in ("poison", "quarantine"))
+    assert sorted(actions) == sorted(f"{redrive_id(result.run_id)}--{t}" for t in ("poison", "quarantine"))
     assert all(a.state == DONE and a.actor == "alice" and a.run_id == result.run_id for a in actions.values())
 
 
@@ -264,7 +264,7 @@ def test_a_redrive_and_a_cycle_of_the_same_queue_launched_together_run_one_after
     assert where["slow"] == ["processed:processed"]
     assert all(where[f"d{i}-{kind}"] == ["inbound"] for i in range(3) for kind in ("withdrawal", "refund"))
     assert conservation(QueueTables.of(lake, "q")).accounted == 7
-    assert find_action(QueueTables.of(lake, "q"), f"{redrive_id(results[redrive_job_name('q')].run_id)}-poison")
+    assert find_action(QueueTables.of(lake, "q"), f"{redrive_id(results[redrive_job_name('q')].run_id)}--poison")
 
 
 @pytest.mark.e2e

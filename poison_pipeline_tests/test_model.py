@@ -65,6 +65,9 @@ BUDGETS = {"ci": (10, 20), "long": (2000, 30)}
 S3_BUDGET = (4, 20)
 FINAL = ("done", "undone", "abandoned")
 KINDS = ("never", "always", "fixable")
+# Ids an operator may give: the product's own words, and tails an id shares with the ids derived from it.
+OPERATOR_WORDS = ("fix", "fence", "inbound", "transmission", "retry_1", "queue_state", "undo", "parked")
+ID_TAILS = ("2", "poison", "dead_letter", "redrive", "1", "parked")
 # What an operator does, drawn with repeats so that the commands that move messages come often.
 OPERATOR = ("redrive", "redrive", "undo", "undo", "repeat", "purge", "edit", "archive", "restore", "ramp")
 # What a kill or pause interrupts: operator commands mostly, a cycle sometimes.
@@ -281,11 +284,20 @@ class LakeModel(RuleBasedStateMachine):
         return args
 
     def choose_id(self, data: st.DataObject, prefix: str) -> str | None:
-        how = data.draw(st.sampled_from(["default", "default", "fresh", "reused"]))
+        how = data.draw(st.sampled_from(["default", "default", "fresh", "like", "reused"]))
         if how == "default":
             return None
         if how == "reused" and self.ids_used:
             return data.draw(st.sampled_from(self.ids_used))
+        if how == "like":
+            # As an operator names things: an id sharing a prefix and separators with one given
+            # before or with the ids the product derives (fix, fix-2, fix-poison, fix-redrive), or
+            # one of the product's own words.
+            base = data.draw(st.sampled_from([*self.ids_used, *OPERATOR_WORDS]))
+            chosen = data.draw(st.sampled_from([base, *(f"{base}-{tail}" for tail in ID_TAILS)]))
+            if chosen not in self.ids_used:
+                self.ids_used.append(chosen)
+            return chosen
         chosen = self.fresh(prefix)
         self.ids_used.append(chosen)
         return chosen

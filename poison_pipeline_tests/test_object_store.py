@@ -123,7 +123,7 @@ def test_killed_at_random_commit_points_on_an_s3_lake_nothing_is_lost_and_nothin
             args = {"queue": "qc", "table": "poison", "older_than": 0, "id": f"p{round_}",
                     **({"selection": {"ids": chosen}} if chosen else {})}
         else:
-            done = [a for a in ms.actions(config) if a.state == "done" and not a.action_id.startswith("undo-")]
+            done = [a for a in ms.actions(config) if a.state == "done" and not a.action_id.endswith("--undo")]
             if not done:
                 op, args = "cycle", {"queue": "qc", "table": "inbound"}
             else:

@@ -21,7 +21,8 @@ def waiting_sends(spark, declaration) -> None:
     order(declaration, "o1", "c1", SHIP)
     order(declaration, "o2", "c2", SHIP[:1])
     run_cycle(spark, declaration, "orders", "inbound")
-    assert sorted(r["message_id"] for r in rows(declaration, "transmission", "orders")) == ["o1/1", "o1/2", "o2/1"]
+    assert sorted(r["message_id"] for r in rows(declaration, "transmission", "orders")) == \
+        ["orders:o1/1", "orders:o1/2", "orders:o2/1"]
 
 
 def unsent(declaration, queue: str) -> list[tuple[str, str, str]]:
@@ -39,9 +40,9 @@ def test_the_sender_ending_a_conversation_deletes_its_pending_sends_on_it(spark,
     waiting_sends(spark, declaration)
     result = end_conversation(declaration, "orders", "c1", -8494, "access denied", "alice")
     assert result.unsent == {"orders": 2}
-    assert unsent(declaration, "orders") == [("o1/1", CONVERSATION_ENDED, "transmission"),
-                                             ("o1/2", CONVERSATION_ENDED, "transmission")]
-    assert delivered_after_enable(declaration) == ["o2/1"]  # never delivered after the end
+    assert unsent(declaration, "orders") == [("orders:o1/1", CONVERSATION_ENDED, "transmission"),
+                                             ("orders:o1/2", CONVERSATION_ENDED, "transmission")]
+    assert delivered_after_enable(declaration) == ["orders:o2/1"]  # never delivered after the end
 
 
 def test_the_target_ending_a_conversation_deletes_the_sends_waiting_for_it_and_tells_the_sender(
@@ -50,11 +51,11 @@ def test_the_target_ending_a_conversation_deletes_the_sends_waiting_for_it_and_t
     waiting_sends(spark, declaration)
     result = end_conversation(declaration, "shipping", "c1", 42, "order cancelled", "bob")
     assert result.unsent == {"orders": 2} and result.notified == ("orders",)
-    assert unsent(declaration, "orders") == [("o1/1", CONVERSATION_ENDED, "transmission"),
-                                             ("o1/2", CONVERSATION_ENDED, "transmission")]
+    assert unsent(declaration, "orders") == [("orders:o1/1", CONVERSATION_ENDED, "transmission"),
+                                             ("orders:o1/2", CONVERSATION_ENDED, "transmission")]
     [note] = rows(declaration, "notifications", "shipping")
     assert (note["recipient"], note["conversation_id"], note["code"]) == ("orders", "c1", 42)
-    assert delivered_after_enable(declaration) == ["o2/1"]
+    assert delivered_after_enable(declaration) == ["orders:o2/1"]
     # Running it again deletes nothing more and tells nobody twice.
     again = end_conversation(declaration, "shipping", "c1", 42, "order cancelled", "bob")
     assert again.unsent == {} and again.notified == ()
@@ -70,5 +71,5 @@ def test_a_message_sent_on_a_conversation_after_it_ended_is_not_sent(spark, make
     order(declaration, "o4", "c4", SHIP[:1])
     report = run_cycle(spark, declaration, "orders", "inbound")
     assert report.counts["transmitted"] == 1
-    assert sorted(r["message_id"] for r in rows(declaration, "inbound", "shipping")) == ["o4/1"]
-    assert ("o3/1", CONVERSATION_ENDED, "transmission") in unsent(declaration, "orders")
+    assert sorted(r["message_id"] for r in rows(declaration, "inbound", "shipping")) == ["orders:o4/1"]
+    assert ("orders:o3/1", CONVERSATION_ENDED, "transmission") in unsent(declaration, "orders")

@@ -67,7 +67,8 @@ def test_a_ramp_sends_its_steps_one_cycle_after_another_and_completes(spark, poi
     assert all(p == ["processed:processed"] for p in places(declaration).values())
     ramp = ramp_of(config, "r1")
     assert (ramp.state, ramp.counts["completed_steps"], ramp.counts["sent"]) == (DONE, 3, 6)
-    assert [a.action_id for a in list_actions(declaration, "q") if a.kind == "redrive"] == ["r1-1", "r1-2", "r1-3"]
+    assert [a.action_id for a in list_actions(declaration, "q") if a.kind == "redrive"] == \
+        ["r1--step1", "r1--step2", "r1--step3"]
 
 
 def test_a_ramp_stops_on_the_first_step_that_fails_again_and_parks_it(spark, poisoned, capsys):
@@ -82,7 +83,7 @@ def test_a_ramp_stops_on_the_first_step_that_fails_again_and_parks_it(spark, poi
     assert places(declaration) == {f"d{i}": ["poison"] for i in range(6)}
     [parked] = [r for r in QueueTables.of(declaration, "q").open("poison").to_pyarrow_table().to_pylist()
                 if r["message_id"] == "d0"]
-    assert parked["batch_id"] == "r1-parked"
+    assert parked["batch_id"] == "r1/parked"
     assert cli.main(["--config", str(config), "redrive", "q", "--from", "poison", "--ramp", "1,3,all",
                      "--id", "r1"]) == 0
     assert "stopped at step 1" in capsys.readouterr().out

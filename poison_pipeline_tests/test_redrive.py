@@ -222,15 +222,16 @@ def test_the_cli_redrives_several_tables_each_as_its_own_action_sharing_the_rate
     run = ["--config", str(config), "redrive", "q", "--from", "poison", "--from", "dead_letter", "--id", "r1"]
     assert cli.main([*run, "--rate", "2/s", "--json"]) == cli.EXIT_OK
     poison, dead_letter = json.loads(capsys.readouterr().out)
-    assert (poison["redrive_id"], poison["moved"]) == ("r1-poison", 4)
-    assert (dead_letter["redrive_id"], dead_letter["selected"], dead_letter["action_id"]) == ("r1-dead_letter", 0, None)
+    assert (poison["redrive_id"], poison["moved"]) == ("r1--poison", 4)
+    assert (dead_letter["redrive_id"], dead_letter["selected"], dead_letter["action_id"]) == \
+        ("r1--dead_letter", 0, None)
     # The rate is shared by the tables with something to move: poison alone has the whole 2/s.
     due = sorted(r["due_at"] for r in rows(declaration, "inbound"))
     assert (due[-1] - due[0]).total_seconds() == pytest.approx(1.5)
-    assert find_action(QueueTables.of(declaration, "q"), "r1-poison").state == DONE
-    assert cli.main(["--config", str(config), "undo", "r1-poison", "--queue", "other"]) == cli.EXIT_USAGE
+    assert find_action(QueueTables.of(declaration, "q"), "r1--poison").state == DONE
+    assert cli.main(["--config", str(config), "undo", "r1--poison", "--queue", "other"]) == cli.EXIT_USAGE
     assert "no such action in queue 'other'; it is an action of queue 'q'" in capsys.readouterr().err
-    assert cli.main(["--config", str(config), "undo", "r1-poison", "--queue", "q"]) == cli.EXIT_OK
+    assert cli.main(["--config", str(config), "undo", "r1--poison", "--queue", "q"]) == cli.EXIT_OK
     assert sorted(r["message_id"] for r in rows(declaration, "poison")) == ["db-0", "db-1", "db-2", "own-1"]
 
 

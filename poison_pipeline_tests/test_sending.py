@@ -42,7 +42,8 @@ def test_sent_messages_reach_the_target_only_when_the_attempt_succeeds(spark, ma
     inbound = sorted(rows(declaration, "inbound", "shipping"), key=lambda r: r["message_id"])
     # o2's attempt failed: what it sent was never released.
     assert [(r["message_id"], r["message_type"], r["conversation_id"], r["sender"], r["encoding"])
-            for r in inbound] == [("o1/1", "ship", "c1", "orders", "json"), ("o1/2", "ping", "c1", "orders", "empty")]
+            for r in inbound] == [("orders:o1/1", "ship", "c1", "orders", "json"),
+                                  ("orders:o1/2", "ping", "c1", "orders", "empty")]
     assert rows(declaration, "transmission", "orders") == []
     assert run_cycle(spark, declaration, "shipping", "inbound").counts["processed"] == 2
 
@@ -52,12 +53,12 @@ def test_a_disabled_target_keeps_messages_waiting_in_the_transmission_queue(spar
     set_enabled(QueueTables.of(declaration, "shipping"), False, "ops", "maintenance")
     order(declaration, "o1", "c1", [{"to": "shipping", "type": "ship", "body": {"n": 1}}])
     run_cycle(spark, declaration, "orders", "inbound")
-    assert [r["message_id"] for r in rows(declaration, "transmission", "orders")] == ["o1/1"]
+    assert [r["message_id"] for r in rows(declaration, "transmission", "orders")] == ["orders:o1/1"]
     assert not QueueTables.of(declaration, "shipping").exists("inbound") or not rows(declaration, "inbound", "shipping")
     set_enabled(QueueTables.of(declaration, "shipping"), True, "ops", "back")
     result = transmit(declaration, "orders")
     assert result.delivered == {"shipping": 1}
-    assert [r["message_id"] for r in rows(declaration, "inbound", "shipping")] == ["o1/1"]
+    assert [r["message_id"] for r in rows(declaration, "inbound", "shipping")] == ["orders:o1/1"]
     # Running it again delivers nothing twice.
     assert transmit(declaration, "orders").delivered == {}
     assert len(rows(declaration, "inbound", "shipping")) == 1
@@ -71,7 +72,8 @@ def test_a_contract_breach_is_dead_lettered_not_resent_and_ends_the_conversation
     assert report.counts["conversation_errors"] == 1
     dead = rows(declaration, "dead_letter", "orders")
     assert sorted((r["message_id"], r["reason"], r["from_table"]) for r in dead) == [
-        ("o1/1", "conversation_error -8428", "transmission"), ("o1/2", "conversation_error -8428", "transmission")]
+        ("orders:o1/1", "conversation_error -8428", "transmission"),
+        ("orders:o1/2", "conversation_error -8428", "transmission")]
     notes = [r for r in rows(declaration, "notifications", "orders") if r["kind"] == "conversation_error"]
     assert [(n["conversation_id"], n["code"]) for n in notes][:1] == [("c1", -8428)]
     assert "refund" in notes[0]["description"]
@@ -94,15 +96,16 @@ def test_a_lifetime_expired_conversation_is_resent_in_order_on_a_new_one(spark, 
     pending = sorted(rows(declaration, "transmission", "orders"), key=lambda r: r["sequence_number"])
     # Same ids, same types (the bodyless ones too), same order, on the new conversation.
     assert [(r["message_id"], r["message_type"], r["conversation_id"], r["sequence_number"], r["resend_count"])
-            for r in pending] == [("o1/1", "begin", "c1~resend-1", 1, 1), ("o1/2", "item", "c1~resend-1", 2, 1),
-                                  ("o1/3", "end", "c1~resend-1", 3, 1)]
+            for r in pending] == [("orders:o1/1", "begin", "c1~resend-1", 1, 1),
+                                  ("orders:o1/2", "item", "c1~resend-1", 2, 1),
+                                  ("orders:o1/3", "end", "c1~resend-1", 3, 1)]
     assert pending[0]["deadline"] == later + timedelta(seconds=60)
     assert ended_conversations(declaration, "orders")["c1"][0] == -8489
     set_enabled(shipping, True, "ops", "up")
     assert transmit(declaration, "orders", now=later).delivered == {"shipping": 3}
     arrived = sorted(rows(declaration, "inbound", "shipping"), key=lambda r: r["sequence_number"])
     assert [(r["message_id"], r["conversation_id"]) for r in arrived] == [
-        ("o1/1", "c1~resend-1"), ("o1/2", "c1~resend-1"), ("o1/3", "c1~resend-1")]
+        ("orders:o1/1", "c1~resend-1"), ("orders:o1/2", "c1~resend-1"), ("orders:o1/3", "c1~resend-1")]
 
 
 def test_a_resend_that_duplicates_is_dropped_by_the_receiver(spark, make_declaration):
@@ -111,7 +114,7 @@ def test_a_resend_that_duplicates_is_dropped_by_the_receiver(spark, make_declara
     run_cycle(spark, declaration, "orders", "inbound")
     run_cycle(spark, declaration, "shipping", "inbound")
     # The same message arrives again (a resend after an error whose first copy had got through).
-    again = [{"message_id": "o1/1", "message_type": "ship", "conversation_id": "c1~resend-1", "body": {"n": 1}}]
+    again = [{"message_id": "orders:o1/1", "message_type": "ship", "conversation_id": "c1~resend-1", "body": {"n": 1}}]
     assert not enqueue(declaration, "shipping", again).refused
     report = run_cycle(spark, declaration, "shipping", "inbound")
     assert report.counts.get("duplicate") == 1 and not report.counts.get("processed")
@@ -125,7 +128,7 @@ def test_an_undeclared_target_follows_the_undefined_error_configuration(spark, m
     report = run_cycle(spark, declaration, "orders", "inbound")
     assert report.counts["conversation_errors"] == 1
     assert [(r["message_id"], r["reason"]) for r in rows(declaration, "dead_letter", "orders")] == [
-        ("o1/1", "conversation_error -8470")]
+        ("orders:o1/1", "conversation_error -8470")]
 
 
 def test_a_target_altered_after_sending_fails_the_conversation_and_a_resend_uses_its_new_contract(
@@ -145,4 +148,4 @@ def test_a_target_altered_after_sending_fails_the_conversation_and_a_resend_uses
     # The resent copy was sent under the queue's new contract: the next offer delivers it.
     assert transmit(altered, "orders").delivered == {"shipping": 1}
     [arrived] = rows(altered, "inbound", "shipping")
-    assert (arrived["message_id"], arrived["conversation_id"]) == ("o1/1", "c1~resend-1")
+    assert (arrived["message_id"], arrived["conversation_id"]) == ("orders:o1/1", "c1~resend-1")

@@ -191,7 +191,7 @@ def test_undo_right_after_an_edit_brings_the_original_body_back_and_keeps_the_ed
     assert rows(declaration, "inbound") == []
     tables = QueueTables.of(declaration, "q")
     assert find_action(tables, edit_id).state == UNDONE
-    assert find_action(tables, f"{edit_id}-redrive").state == UNDONE
+    assert find_action(tables, f"{edit_id}--redrive").state == UNDONE
     assert [e["edit_id"] for e in edits_of(declaration, "db-0")] == [edit_id]  # history stays
     before = table_versions(declaration)
     assert undo_action(declaration, edit_id).already_undone
@@ -237,7 +237,7 @@ def test_undo_of_an_edit_killed_before_it_marked_the_edit_completes_once(lake, m
     with pytest.raises(Crash):
         undo_action(declaration, edit_id)
     tables = QueueTables.of(declaration, "q")
-    assert find_action(tables, f"{edit_id}-redrive").state == UNDONE
+    assert find_action(tables, f"{edit_id}--redrive").state == UNDONE
     assert find_action(tables, edit_id).state == DONE
     monkeypatch.setattr(undo_module, "mark_undone", real)
     result = undo_action(declaration, edit_id)
@@ -373,7 +373,7 @@ def test_the_command_undoes_edits_and_names_the_one_already_processed(spark, lak
 
     ran = command(config, "undo", second)
     assert ran.returncode == 0, ran.stderr
-    assert f"undid edit {second} by compensate (undo-{second}): 1 message(s) back where they were" in ran.stdout
+    assert f"undid edit {second} by compensate ({second}--undo): 1 message(s) back where they were" in ran.stdout
     assert body_of(declaration, "poison", "db-1") == originals["db-1"]
 
     late = command(config, "undo", first, "--json")  # db-0 was processed since: it cannot come back

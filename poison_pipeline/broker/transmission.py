@@ -9,7 +9,8 @@ One call reads the transmission table once (version V) and then:
    the target's validation (-8430) fails the conversation; a disabled target leaves it waiting;
 2. appends the accepted messages to their targets' inbound tables and the messages of failed,
    non-resent conversations to this queue's dead_letter, each under the app transaction
-   (transmission/<queue>, V + 1), so a replay of the same snapshot writes nothing twice;
+   (`poison_pipeline:transmission/<queue>`, V + 1), so a replay of the same snapshot writes nothing
+   twice;
 3. tells this queue of every conversation error (a `conversation_error` notification);
 4. rewrites the touched transmission batches in one commit: accepted and dead-lettered messages
    leave, and the pending messages of a conversation with a recoverable error are resent in their
@@ -39,6 +40,7 @@ from poison_pipeline.broker.conversations import (
 from poison_pipeline.domain.conversation_errors import CONTRACT_BREACH, RECOVERABLE, describe_code
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
+from poison_pipeline.domain.names import AppTransaction
 from poison_pipeline.domain.policy import OnUndefinedError
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND
 from poison_pipeline.storage import schemas
@@ -156,7 +158,7 @@ def _transmit_held(declaration: Declaration, writer: QueueWriter, now: datetime)
     if pending.num_rows == 0:
         return result
     version = snapshot.version() + 1
-    app_id = f"poison_pipeline/transmission/{queue}"
+    app = AppTransaction.transmission(queue)
     ordered = pending.sort_by([("conversation_id", "ascending"), ("sequence_number", "ascending"),
                                ("enqueued_at", "ascending"), ("message_id", "ascending")]).to_pylist()
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -205,17 +207,19 @@ def _transmit_held(declaration: Declaration, writer: QueueWriter, now: datetime)
         target_tables.ensure()
         appender = LeaseFreeAppender(target_tables)
         ensure_intake(appender, now)
+        app_id = _named(target_tables, INBOUND, app, version)
         appender.append(INBOUND, _inbound_rows(rows, f"tx-{queue}-{version}", now), app_id=app_id, version=version)
         record_intake(appender, f"sent by {queue}", f"tx-{queue}-{version}", len(rows), now, app_id, version)
         result.delivered[target] = len(rows)
     if dead:
         ensure_intake(writer, now)
         unsent = pa.concat_tables(dead)
+        app_id = _named(tables, DEAD_LETTER, app, version)
         writer.append(DEAD_LETTER, unsent, app_id=app_id, version=version)
         record_intake(writer, UNSENT, f"tx-{queue}-{version}", unsent.num_rows, now, app_id, version)
     if notes:
-        writer.append(NOTIFICATIONS, pa.Table.from_pylist(notes, schema=schemas.NOTIFICATIONS), app_id=app_id,
-                      version=version)
+        writer.append(NOTIFICATIONS, pa.Table.from_pylist(notes, schema=schemas.NOTIFICATIONS),
+                      app_id=_named(tables, NOTIFICATIONS, app, version), version=version)
     if leaving:
         touched = sorted({r["batch_id"] for r in ordered if r["message_id"] in leaving})
         keep = ~pads.field("message_id").isin(sorted(leaving))
@@ -227,6 +231,19 @@ def _transmit_held(declaration: Declaration, writer: QueueWriter, now: datetime)
         end_conversation(declaration, queue, failed.conversation_id, failed.code, failed.description,
                          actor="poison_pipeline", within=writer)
     return result
+
+
+def _named(tables: QueueTables, table: str, app: AppTransaction, version: int) -> str:
+    """The name of a transmission's commit to `table`: the earlier one when an earlier version made
+    that commit already (a replay of its snapshot then writes nothing again), else its own."""
+    earlier = app.spellings()[-1]
+    if earlier.startswith(f"poison_pipeline/{tables.queue}/"):
+        # A queue named transmission: the earlier name is also one of its own cycles' (a commit of
+        # its table named like the sender), which says nothing of this transmission.
+        return app.name
+    there = tables.open_if_exists(table)
+    made = None if there is None else there.transaction_version(earlier)
+    return earlier if made is not None and made >= version else app.name
 
 
 def _ended_conversations(declaration: Declaration, queue: str, targets: set[str]) -> dict[str, set[str]]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from poison_pipeline.domain.names import ConversationName, SentName
+
 ENCODINGS = ("empty", "json", "xml", "text", "binary")
 FIELDS = {
     "message_id", "conversation_id", "sequence_number", "message_type", "body", "body_base64",
@@ -90,8 +92,9 @@ class Message:
         lifetime: timedelta | None = None,
     ) -> str:
         """Send a message to another application queue; it is released only if this attempt
-        succeeds (an outbox). Returns its message id, derived from this message's so that a
-        redelivery sends the same ids and the receiver drops the copies.
+        succeeds (an outbox). Returns its message id, derived from this queue's name and this
+        message's id (domain/names.py) so that a redelivery sends the same ids and the receiver drops
+        the copies.
 
         It goes on `conversation_id` (default: this message's conversation, else a new one named
         after this message) and waits in this queue's transmission queue until the target accepts
@@ -107,11 +110,13 @@ class Message:
         if encoding not in ENCODINGS:
             raise ValueError(f"send: encoding {encoding!r} is not one of {', '.join(ENCODINGS)}")
         raw = body if isinstance(body, bytes) else _body({} if body is None else {"body": body}, encoding)
-        message_id = f"{self.envelope.message_id}/{len(self.outbox) + 1}"
+        # Named after the sender queue too: another queue's message with the same id sends others.
+        message_id = str(SentName(self.queue, self.envelope.message_id, len(self.outbox) + 1))
         self.outbox.append(Outgoing(
             target=to_queue,
             message_id=message_id,
-            conversation_id=conversation_id or self.envelope.conversation_id or f"conv-{self.envelope.message_id}",
+            conversation_id=conversation_id or self.envelope.conversation_id or
+            str(ConversationName(self.queue, self.envelope.message_id)),
             sequence_number=sequence_number,
             message_type=message_type,
             body=raw,

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import re
 
+from poison_pipeline.domain.names import ReservedName, check_operator_id
+
 SEGMENT_RULE = "letters, digits, '.', '_' and '-' (ASCII), not starting with '.' or '-'"
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-# Under a file name's 255 bytes, with room for what is added to an id (`undo-<id>`, `<id>-redrive`).
+# Under a file name's 255 bytes, with room for what is added to an id (`<id>--undo`, `<id>--redrive`).
 SEGMENT_MAX = 240
 ID_MAX = 200
 
@@ -34,8 +36,19 @@ def lake_path(root: str, *parts: str) -> str:
 
 
 def operator_id(value: str | None, error: type[ValueError] = UnsafeName, what: str = "--id") -> str | None:
-    """An id an operator gave (None: let the operation derive one), checked as a lake path part:
-    `error` (the operation's own refusal) names the rule."""
+    """An id an operator gives a new action (None: let the operation derive one), checked as a lake
+    path part and as one no name the product derives can equal (domain/names.py): `error` (the
+    operation's own refusal) names the rule. Every request checks its id with it."""
+    try:
+        return None if value is None else check_operator_id(segment(value, what, ID_MAX), what)
+    except (UnsafeName, ReservedName) as unsafe:
+        raise error(str(unsafe)) from None
+
+
+def action_id_part(value: str | None, error: type[ValueError] = UnsafeName, what: str = "--id") -> str | None:
+    """An id an operation is run under: an operator's, checked by its request, or one the product
+    derived (`<id>--<table>`, a ramp's step) or recorded (a completion of an interrupted action, maybe
+    named by an earlier version): checked as a lake path part only."""
     try:
         return None if value is None else segment(value, what, ID_MAX)
     except UnsafeName as unsafe:

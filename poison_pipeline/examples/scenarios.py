@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from poison_pipeline.broker.conversations import CONVERSATION_ENDED, CONVERSATION_ERROR, ended_conversations
 from poison_pipeline.broker.transmission import LIFETIME_EXPIRED
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.names import SentName
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.examples.checks import (
     Checks,
@@ -185,7 +186,8 @@ def _shipments(orders: list[dict[str, Any]]) -> dict[str, list[tuple[str, str, s
         parts = [("shipping.begin", None)] + [("shipping.item", sku) for sku in order["body"]["items"]]
         parts.append(("shipping.end", None))
         sent[f"shipment-{order['body']['order']}"] = [
-            (f"{order['message_id']}/{n}", kind, sku) for n, (kind, sku) in enumerate(parts, start=1)]
+            (str(SentName("checkout", order["message_id"], n)), kind, sku)
+            for n, (kind, sku) in enumerate(parts, start=1)]
     return sent
 
 

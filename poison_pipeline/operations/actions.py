@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from deltalake import DeltaTable
 
 from poison_pipeline.domain.alerts import ACTION_LEFT
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.names import ActionName, AppTransaction
 from poison_pipeline.engine.recovery import finish_interrupted_cycles
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import event_row
@@ -80,7 +80,13 @@ def default_actor() -> str:
 
 def new_action_id(kind: str) -> str:
     """A new id, unlike any other: a rerun of the same command with the same arguments is a new action."""
-    return f"{kind}-{uuid.uuid4().hex[:12]}"
+    return str(ActionName.default(kind))
+
+
+def committed(table: DeltaTable, app: AppTransaction) -> bool:
+    """Whether `table` records the commit of `app`, under its name or the one an earlier version gave
+    it: an action that version began completes here without writing its commit twice."""
+    return any(table.transaction_version(name) is not None for name in app.spellings())
 
 
 def queue_recording(declaration: Declaration, action_id: str, other_than: str) -> str | None:

@@ -10,7 +10,7 @@ archive's markers removed, a restore's put back). A declared `retention: {archiv
 was archived longer ago than AGE.
 
 Each is one commit on the `archived` table: an append that carries the app transaction
-(`poison_pipeline/<id>`, 1), or a rewrite that removes the plan's markers (a replay finds none left).
+(`poison_pipeline:action/<id>`, 1), or a rewrite that removes the plan's markers (a replay finds none left).
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ import pyarrow.dataset as pads
 from pydantic import Field
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.paths import operator_id
+from poison_pipeline.domain.names import AppTransaction, begun_earlier
+from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.actions import (
     Action,
     Recorded,
+    committed,
     find_action,
     new_action_id,
     operator_writer,
@@ -128,7 +130,7 @@ def _act(declaration: Declaration, kind: str, queue: str, table: str, selection:
         check_table(table)
     except SelectionError as error:
         raise ArchiveError(f"--table {error}") from None
-    if (given := operator_id(action_id, ArchiveError)) is not None and \
+    if (given := action_id_part(action_id, ArchiveError)) is not None and \
             (why := reused_id(declaration, given, queue, kind)) is not None:
         raise ArchiveError(why)
     selection_filter(selection, table)  # a bad filter fails here, before the lease or any table
@@ -174,7 +176,9 @@ def _commit(record: Recorded, planned: pa.Table) -> None:
     writer, action = record.writer, record.action
     assert action is not None  # begun before its plan
     if record.kind == ARCHIVE:
-        writer.append(ARCHIVED, planned, app_id=f"poison_pipeline/{action.action_id}", version=1)
+        app = AppTransaction.action(action.action_id)
+        if (archived := writer.tables.open_if_exists(ARCHIVED)) is None or not committed(archived, app):
+            writer.append(ARCHIVED, planned, app_id=app.name, version=1)
     else:
         remove_markers(writer, planned)
     record.finish({"selected": planned.num_rows, record.kind + "d": planned.num_rows}, [(writer.tables, ARCHIVED)])
@@ -272,7 +276,8 @@ def reverse(writer: QueueWriter, action: Action, undo_id: str) -> int:
     versions = action.versions[f"{tables.queue}/{ARCHIVED}"]
     before, after = (_markers_at(tables, versions[k]) for k in ("before", "after"))
     removed = before.filter(pc.invert(pc.is_in(row_keys(before), value_set=row_keys(after))))
-    writer.append(ARCHIVED, removed.cast(schemas.ARCHIVED), app_id=f"poison_pipeline/{undo_id}", version=1)
+    app = AppTransaction.undo(undo_id, legacy=begun_earlier(undo_id))
+    writer.append(ARCHIVED, removed.cast(schemas.ARCHIVED), app_id=app.name, version=1)
     return int(removed.num_rows)
 
 

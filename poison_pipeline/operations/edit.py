@@ -8,7 +8,7 @@ under the queue's lease:
 2. one row is appended to the queue's `edits` table (who, when, original and new body and headers),
    under the app transaction of the edit id, so a replay never writes it twice;
 3. the message is redriven (operations/redrive.py, one code path for moving messages) with the new
-   body and headers, under the redrive id `<edit id>-redrive`: its plan, appends and removal are
+   body and headers, under the redrive id `<edit id>--redrive`: its plan, appends and removal are
    resumable as any redrive's;
 4. the edit is recorded `done`.
 
@@ -35,13 +35,15 @@ from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
-from poison_pipeline.domain.paths import operator_id
+from poison_pipeline.domain.names import ActionName, AppTransaction
+from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
 from poison_pipeline.operations.actions import (
     ABANDONED,
     DONE,
     Action,
     Recorded,
+    committed,
     default_actor,
     find_action,
     new_action_id,
@@ -175,7 +177,7 @@ def edit_message(declaration: Declaration, message_id: str, body: bytes, headers
     given = dict(headers or {})
     if queue is not None and queue not in declaration.queues:
         raise EditError(f"no queue {queue!r} is declared; declared: {', '.join(declaration.queues)}")
-    given_id = operator_id(edit_id, EditError)
+    given_id = action_id_part(edit_id, EditError)
     if given_id is not None and queue is not None and \
             (why := reused_id(declaration, given_id, queue, "edit")) is not None:
         raise EditError(why)
@@ -196,7 +198,8 @@ def edit_message(declaration: Declaration, message_id: str, body: bytes, headers
     _validate(declaration, name, message_id, body, row["encoding"])
     new_headers = {**dict(row.get("headers") or []), **given}
     probe = redrive_table(declaration, name, table, Selection(ids=(message_id,)), dry_run=True, force=True,
-                    redrive_id=f"{edit_id}-redrive", replace={message_id: _replacement(body, new_headers)})
+                          redrive_id=str(ActionName.parse(edit_id).edit_redrive()),
+                          replace={message_id: _replacement(body, new_headers)})
     if probe.moved == 0:
         raise EditError(f"message {message_id!r} was already processed by queue {name!r} (its processed "
                         f"ledger): the copy in {name}/{table} is not sent back")
@@ -250,10 +253,20 @@ def edit_row(tables: QueueTables, edit_id: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+def _redrive_id(tables: QueueTables, edit_id: str) -> str:
+    """The id of the edit's redrive: the one its record names (an edit begun by an earlier version
+    named it `<edit id>-redrive`), else derived from the edit id (domain/names.py)."""
+    recorded = find_action(tables, edit_id)
+    if recorded is not None and recorded.arguments.get("redrive_id"):
+        return str(recorded.arguments["redrive_id"])
+    return str(ActionName.parse(edit_id).edit_redrive())
+
+
 def _result(edit_id: str, queue: str, source: str, message_id: str, body: bytes, row: dict[str, Any] | None,
             actor: str) -> EditResult:
     row = row or {}
-    return EditResult(edit_id, message_id, queue, source, f"{edit_id}-redrive", row.get("actor") or actor,
+    return EditResult(edit_id, message_id, queue, source,
+                      row.get("redrive_id") or str(ActionName.parse(edit_id).edit_redrive()), row.get("actor") or actor,
                       row.get("encoding"), row.get("original_body"), body,
                       dict(row.get("original_headers") or []), dict(row.get("new_headers") or []))
 
@@ -263,7 +276,7 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
          within: QueueWriter | None) -> EditResult:
     tables = QueueTables.of(declaration, queue)
     tables.ensure()
-    redrive_id = f"{edit_id}-redrive"
+    redrive_id = _redrive_id(tables, edit_id)
     touched = [(tables, EDITS), (tables, source), (tables, INBOUND)]
     with operator_writer(declaration, tables, "edit", run_id, resuming=[edit_id, redrive_id],
                          within=within) as writer:
@@ -314,8 +327,9 @@ def _run(declaration: Declaration, queue: str, source: str, message_id: str, bod
 
 
 def _record(writer: QueueWriter, edit_id: str, row: dict[str, Any]) -> None:
-    writer.append(EDITS, pa.Table.from_pylist([row], schema=schemas.EDITS), app_id=f"poison_pipeline/{edit_id}",
-                  version=1)
+    app = AppTransaction.action(edit_id)
+    if (edits := writer.tables.open_if_exists(EDITS)) is None or not committed(edits, app):
+        writer.append(EDITS, pa.Table.from_pylist([row], schema=schemas.EDITS), app_id=app.name, version=1)
 
 
 def edits_of(declaration: Declaration, message_id: str) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ import pyarrow.dataset as pads
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import spoken, when
+from poison_pipeline.domain.names import BatchName
 from poison_pipeline.domain.routing import DEAD_LETTER, POISON, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import list_actions
 from poison_pipeline.storage.tables import ARCHIVED, ATTEMPTS, EDITS, QueueTables
@@ -198,7 +199,8 @@ def _redrives(declaration: Declaration, message_id: str, batches: set[str]) -> l
             continue
         args = action.arguments
         named = message_id in (args.get("selection", {}).get("ids") or []) or message_id in (args.get("replaced") or [])
-        by_batch = any(b.startswith(action.action_id + "-") for b in batches)
+        by_batch = any((name := BatchName.parse(b)) is not None and name.action_id == action.action_id
+                       for b in batches)
         if not (named or by_batch):
             continue
         target = args.get("to") or action.queue

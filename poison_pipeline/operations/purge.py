@@ -43,11 +43,13 @@ from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import parse_duration
-from poison_pipeline.domain.paths import operator_id
+from poison_pipeline.domain.names import AppTransaction
+from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import FAILED_AT
 from poison_pipeline.operations.actions import (
     Action,
     Recorded,
+    committed,
     default_actor,
     find_action,
     new_action_id,
@@ -167,7 +169,7 @@ def purge_table(declaration: Declaration, queue: str, table: str, older_than: ti
         check_table(table)
     except SelectionError as error:
         raise PurgeError(f"--table {error}") from None
-    if (given := operator_id(purge_id, PurgeError)) is not None and \
+    if (given := action_id_part(purge_id, PurgeError)) is not None and \
             (why := reused_id(declaration, given, queue, KIND)) is not None:
         raise PurgeError(why)
     age = parse_duration(older_than)
@@ -260,8 +262,8 @@ def _commit(record: Recorded, rows: pa.Table, version: int | None, fresh: bool) 
     assert action is not None  # begun before its plan
     tables = writer.tables
     table = action.arguments["table"]
-    ledger_app, removal_app = f"poison_pipeline/{action.action_id}", f"poison_pipeline/{action.action_id}/removed"
-    removed = tables.open(table).transaction_version(removal_app) is not None
+    ledger_app, removal_app = AppTransaction.action(action.action_id), AppTransaction.removed(action.action_id)
+    removed = committed(tables.open(table), removal_app)
     if fresh:
         in_place = rows
     elif removed:  # the removal committed: what it left in the table was never this purge's
@@ -269,8 +271,8 @@ def _commit(record: Recorded, rows: pa.Table, version: int | None, fresh: bool) 
     else:
         in_place = still_in_place(tables, table, rows, "batch_id", version)
     of_this = pads.field("action_id") == action.action_id
-    if tables.open(PURGED).transaction_version(ledger_app) is None:
-        writer.append(PURGED, in_place, app_id=ledger_app, version=1)
+    if not committed(tables.open(PURGED), ledger_app):
+        writer.append(PURGED, in_place, app_id=ledger_app.name, version=1)
         purged = in_place
     else:
         purged = tables.open(PURGED).to_pyarrow_dataset().to_table(filter=of_this)
@@ -284,7 +286,7 @@ def _commit(record: Recorded, rows: pa.Table, version: int | None, fresh: bool) 
                                        keep=~(of_this & pads.field("message_id").isin(stale["message_id"].to_pylist())))
             purged = purged.filter(pc.invert(moved))
     if in_place.num_rows:
-        _remove(writer, table, in_place, Transaction(removal_app, 1))
+        _remove(writer, table, in_place, Transaction(removal_app.name, 1))
     record.finish({"selected": rows.num_rows, "purged": purged.num_rows,
                    "skipped_moved_since": rows.num_rows - purged.num_rows}, _touched(tables, table))
     return purged

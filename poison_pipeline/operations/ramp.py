@@ -3,7 +3,7 @@ messages it sends fail again (ServicePulse's most requested feature; spring-kafk
 
 A ramp is one action (kind `ramp`) of the queue, kept `planned` while it runs. Its plan is the
 messages selected when it started, each with its step: the first `steps[0]`, then up to `steps[1]` in
-all, ... (`all`: the rest). Each step is sent as a redrive of its own (`<ramp id>-<step>`, by ids).
+all, ... (`all`: the rest). Each step is sent as a redrive of its own (`<ramp id>--step<k>`, by ids).
 The ramp is advanced by its completion, which the queue's next holder runs like every interrupted
 action's (each cycle, each operator command), and by running it again with its id:
 
@@ -16,7 +16,7 @@ action's (each cycle, each operator command), and by running it again with its i
    last one, the ramp is recorded done.
 
 Parking is two commits, each safe to repeat (an append under the app transaction
-`poison_pipeline/<ramp id>/parked`, then the removal of what the append copied): a kill between them
+`poison_pipeline:parked/<ramp id>`, then the removal of what the append copied): a kill between them
 leaves the ramp planned, and its next advance removes what is left.
 """
 
@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.names import ActionName, AppTransaction, BatchName
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, QUARANTINE
 from poison_pipeline.operations.actions import (
     PLANNED,
@@ -138,11 +139,11 @@ def advance_ramp(declaration: Declaration, writer: QueueWriter, action: Action, 
         abandon_action(writer, action, "killed before it planned anything: nothing sent")
         return _result(action, None, STOPPED)
     rows = plan.rows
-    sent_steps = [k for k in range(1, len(steps) + 1) if find_action(tables, f"{action.action_id}-{k}") is not None]
+    sent_steps = [k for k in range(1, len(steps) + 1) if _step(tables, action.action_id, k) is not None]
     step = max(sent_steps, default=0)
     if step == 0:
         return _send(declaration, record, rows, 1, run_id)
-    sub = find_action(tables, f"{action.action_id}-{step}")
+    sub = _step(tables, action.action_id, step)
     assert sub is not None
     waiting = _waiting(tables, sub.action_id)
     if sub.state == PLANNED or waiting:
@@ -155,6 +156,14 @@ def advance_ramp(declaration: Declaration, writer: QueueWriter, action: Action, 
                        "sent": _moved(tables, action.action_id, step)}, [(tables, source), (tables, INBOUND)])
         return _result(action, rows, STOPPED, step=step, failed=failed, parked=parked)
     return _send(declaration, record, rows, step + 1, run_id, failed)
+
+
+def _step(tables: QueueTables, ramp_id: str, step: int) -> Action | None:
+    """The redrive of step `step` of ramp `ramp_id`, by its name or as an earlier version named it."""
+    for name in ActionName.parse(ramp_id).ramp_step(step).spellings():
+        if (found := find_action(tables, name)) is not None:
+            return found
+    return None
 
 
 def _send(declaration: Declaration, record: Recorded, rows: pa.Table, first: int, run_id: str,
@@ -174,7 +183,7 @@ def _send(declaration: Declaration, record: Recorded, rows: pa.Table, first: int
         ids = tuple(rows.filter(pc.equal(rows["step"], step))["message_id"].to_pylist())
         if not ids:
             continue
-        redrive_id = f"{action.action_id}-{step}"
+        redrive_id = str(ActionName.parse(action.action_id).ramp_step(step))
         redrive_table(declaration, args["queue"], args["from"], Selection(ids=ids), redrive_id=redrive_id,
                       actor=action.actor, run_id=run_id, within=writer)
         if find_action(tables, redrive_id) is not None:
@@ -187,7 +196,7 @@ def _send(declaration: Declaration, record: Recorded, rows: pa.Table, first: int
 
 def _moved(tables: QueueTables, ramp_id: str, last: int) -> int:
     """How many messages the ramp's steps up to `last` sent: what their redrives moved."""
-    steps = (find_action(tables, f"{ramp_id}-{k}") for k in range(1, last + 1))
+    steps = (_step(tables, ramp_id, k) for k in range(1, last + 1))
     return sum(int(step.counts.get("moved", 0)) for step in steps if step is not None)
 
 
@@ -200,7 +209,7 @@ def _waiting(tables: QueueTables, redrive_id: str) -> int:
     inbound = tables.open_if_exists(INBOUND)
     if inbound is None:
         return 0
-    mine = pc.starts_with(pads.field("batch_id"), pattern=f"{redrive_id}-")
+    mine = pc.match_substring_regex(pads.field("batch_id"), pattern=BatchName.pattern(redrive_id))
     return int(inbound.to_pyarrow_dataset().count_rows(filter=mine))
 
 
@@ -238,8 +247,10 @@ def _park(writer: QueueWriter, source: str, failed: list[str], ramp_id: str) -> 
         rows = there.to_pyarrow_dataset().to_table(filter=pads.field("message_id").isin(failed))
         if rows.num_rows:
             found.append((table, rows))
-    app_id = f"poison_pipeline/{ramp_id}/parked"
-    batch = f"{ramp_id}-parked"
+    # Parked by an earlier version and killed before the removal: it completes under its names.
+    legacy = tables.open(source).transaction_version(AppTransaction.parked(ramp_id, legacy=True).name) is not None
+    app_id = AppTransaction.parked(ramp_id, legacy=legacy).name
+    batch = BatchName.parked(ramp_id).spelled(legacy=legacy)
     if found:
         copies = pa.concat_tables([_as_parked(rows, table, source, batch, now) for table, rows in found])
         writer.append(source, copies, app_id=app_id, version=1)

@@ -47,7 +47,8 @@ from pydantic import Field, field_validator, model_validator
 
 from poison_pipeline.domain.bounds import bounded_count, bounded_rate, spread_problem
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.paths import operator_id
+from poison_pipeline.domain.names import ActionName, AppTransaction, BatchName
+from poison_pipeline.domain.paths import action_id_part
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, PROCESSED, QUARANTINE
 from poison_pipeline.operations.actions import (
     ABANDONED,
@@ -169,7 +170,7 @@ class RedriveOptions(Filters):
     dry_run: bool = Field(default=False, description="Say what would move; change nothing.")
     id: ActionId = Field(default=None, description="The redrive's id; default: a new one. Run again with it, "
                          "an interrupted redrive completes as it was recorded. With several source tables, "
-                         "each has its own: the id and the table (r1-poison).")
+                         "each has its own: the id and the table (r1--poison).")
 
     @field_validator("source_tables")
     @classmethod
@@ -303,14 +304,15 @@ def redrive(declaration: Declaration, request: RedriveRequest, context: ActionCo
     if request.steps is not None and not request.dry_run:
         _checked(declaration, TableRedrive(request.queue, sources[0], request.queue, selection, None, None,
                                            request.force, ()))
-        if (given := operator_id(request.id, RedriveError)) is not None and \
+        if (given := action_id_part(request.id, RedriveError)) is not None and \
                 (why := reused_id(declaration, given, request.queue, RAMP)) is not None:
             raise RedriveError(why)
         return RedriveReport([], start_ramp(declaration, request.queue, sources[0], selection, request.steps,
                                             request.max_failures, given, context.actor, context.run_id, context.now))
 
     def one(source: str, *, dry_run: bool, rate: float | None, limit: int | None) -> RedriveResult:
-        redrive_id = request.id if request.id is None or len(request.source_tables) == 1 else f"{request.id}-{source}"
+        redrive_id = request.id if request.id is None or len(request.source_tables) == 1 else \
+            str(ActionName.parse(request.id).of_source(source))
         return _completed_counts(declaration, request.queue, redrive_table(
             declaration, request.queue, source, selection, to=request.to, dry_run=dry_run, rate=rate,
             limit=limit, redrive_id=redrive_id, force=request.force, actor=context.actor, run_id=context.run_id,
@@ -409,7 +411,7 @@ def redrive_table(declaration: Declaration, queue: str, source: str, selection: 
     replacements = tuple(sorted((replace or {}).items()))
     request = _checked(declaration, TableRedrive(queue, source, to or queue, selection or Selection(),
                                                  rate, limit, force, replacements))
-    given = operator_id(redrive_id, RedriveError)
+    given = action_id_part(redrive_id, RedriveError)
     if given is not None and (why := reused_id(declaration, given, queue, KIND)) is not None:
         raise RedriveError(why)
     redrive_id = given or new_action_id(KIND)
@@ -525,7 +527,7 @@ def _as_inbound(rows: pa.Table, request: TableRedrive, redrive_id: str, now: dat
     inbound = inbound.set_column(inbound.schema.get_field_index("expires_at"), "expires_at",
                                  pa.array([None if life is None else now + life for life in lifetimes], schemas.TS))
     inbound = inbound.set_column(inbound.schema.get_field_index("batch_id"), "batch_id",
-                                 pa.array([f"{redrive_id}-{c}" for c in chunks], pa.string()))
+                                 pa.array([str(BatchName.chunk(redrive_id, c)) for c in chunks], pa.string()))
     reasons = rows["reason"].to_pylist() if "reason" in rows.column_names else [None] * rows.num_rows
     groups = [group_id(group_key(signature, reason))
               for signature, reason in zip(rows["last_error_signature"].to_pylist(), reasons, strict=True)]
@@ -551,10 +553,11 @@ def planned_rows(tables: QueueTables, redrive_id: str) -> pa.Table | None:
     return None if plan is None else plan.rows
 
 
-def app_id(source_queue: str, redrive_id: str) -> str:
-    """The app transaction of a redrive's appends to its target, namespaced by the source queue: the
-    same id used by two queues redriving into one target never reads as the other's commit."""
-    return f"poison_pipeline/{source_queue}/{redrive_id}"
+def app_id(source_queue: str, redrive_id: str, planned: pa.Table | None = None) -> str:
+    """The app transaction of a redrive's appends to its target (domain/names.py). A plan an earlier
+    version wrote (its batches in the earlier form) completes under the name it began with."""
+    legacy = planned is not None and planned.num_rows > 0 and BatchName.is_legacy(str(planned["batch_id"][0]))
+    return AppTransaction.redrive(source_queue, redrive_id, legacy=legacy).name
 
 
 def _run(declaration: Declaration, request: TableRedrive, writer: QueueWriter, redrive_id: str, actor: str,
@@ -625,7 +628,7 @@ def _send(writer: QueueWriter, target: QueueTables, request: TableRedrive, redri
     if planned.num_rows == 0:
         return planned
     target.ensure()
-    app = app_id(tables.queue, redrive_id)
+    app = app_id(tables.queue, redrive_id, planned)
     elsewhere = target.queue != tables.queue
     # Into another queue's inbound without its lease, as an enqueue; into its own, fenced.
     into: Committer = LeaseFreeAppender(target) if elsewhere else writer
@@ -638,7 +641,7 @@ def _send(writer: QueueWriter, target: QueueTables, request: TableRedrive, redri
         part = inbound.filter(pc.equal(in_place["chunk"], chunk))
         into.append(INBOUND, part, app_id=app, version=chunk + 1)
         if elsewhere:  # a move between queues: one queue's intake is the other's outflow
-            batch = f"{redrive_id}-{chunk}"
+            batch = part["batch_id"][0].as_py()  # the plan's, in the form it was planned with
             record_intake(into, f"redrive from {tables.queue}", batch, part.num_rows, now, app, chunk + 1)
             record_intake(writer, f"redrive to {target.queue}", batch, -part.num_rows, now, app, chunk + 1)
         sent += part.num_rows

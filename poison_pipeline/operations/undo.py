@@ -5,7 +5,7 @@ Two ways, as the ledger allows:
 - **restore** (a purge only): when no other commit changed the purge's tables since it finished (each
   still holds the files of the version it left it at), and the files of the versions before it are
   all still there, every table is restored to the version it had before (Delta RESTORE, itself a
-  commit, carrying the app transaction `poison_pipeline/<undo id>/restore`);
+  commit, carrying the app transaction `poison_pipeline:restore/<undo id>`);
 - **compensate**: otherwise, and always for a redrive or an edit, the messages still where the
   action put them are moved back, taken from the table as it was before the action (Delta time
   travel), and those that cannot come back are named, each with its reason. A redrive's target is
@@ -30,7 +30,7 @@ not remembered from the first run.
   version, which a vacuum deletes: what is still readable comes back, the rest stays purged (still
   in the ledger) and is named with the reason; when nothing at all can come back, the undo refuses
   and changes nothing;
-- an **edit**: its redrive (`<edit id>-redrive`, an action of its own) is undone as above, so the
+- an **edit**: its redrive (`<edit id>--redrive`, an action of its own) is undone as above, so the
   message comes back where it failed with its original body, and the edit is marked undone too; its
   `edits` row stays, as history.
 """
@@ -49,6 +49,7 @@ from deltalake import DeltaTable, Transaction
 from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
+from poison_pipeline.domain.names import ActionName, AppTransaction, BatchName, begun_earlier
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
 from poison_pipeline.operations import archive as archiving
 from poison_pipeline.operations.actions import (
@@ -130,7 +131,8 @@ def undo_action(declaration: Declaration, action_id: str, actor: str | None = No
         raise UndoError(f"action {action_id!r} is of kind {action.kind!r}, which cannot be undone "
                         f"(undo reverses {', '.join(sorted(_UNDOERS))})")
     if action.state == UNDONE:
-        return UndoResult(f"undo-{action_id}", action_id, action.kind, "", already_undone=True)
+        return UndoResult(undo_id_of(QueueTables.of(declaration, action.queue), action_id), action_id, action.kind,
+                          "", already_undone=True)
     if action.state == ABANDONED:
         raise UndoError(f"action {action_id!r} was abandoned: killed before it planned anything, it changed "
                         "nothing, so there is nothing to undo")
@@ -141,15 +143,31 @@ def undo_action(declaration: Declaration, action_id: str, actor: str | None = No
     # A redrive into another queue is undone under both queues' leases, taken in the one order.
     both = [tables, *([QueueTables.of(declaration, action.arguments["to"])] if action.kind == "redrive" else [])]
     with queue_writers(both, "undo", run_id, within=within) as first, \
-            operator_writer(declaration, tables, "undo", run_id, resuming=[f"undo-{action_id}"],
+            operator_writer(declaration, tables, "undo", run_id, resuming=[undo_id_of(tables, action_id)],
                             within=first) as writer:
         return _UNDOERS[action.kind](declaration, writer, action, actor or default_actor(), run_id,
                                      now or datetime.now(UTC))
 
 
+def undo_id_of(tables: QueueTables, action_id: str) -> str:
+    """The id of the undo of `action_id` (of `tables`' queue): `<id>--undo` (domain/names.py), or
+    `undo-<id>` when an earlier version recorded the undo under that name (it completes as begun)."""
+    name = ActionName.parse(action_id).undo()
+    for spelled in name.spellings()[1:]:
+        recorded = find_action(tables, spelled)
+        if recorded is not None and recorded.kind == "undo" and recorded.arguments.get("action_id") == action_id:
+            return spelled
+    return str(name)
+
+
 def _restore_mark(undo_id: str) -> str:
     """The app transaction each restore commit of undo `undo_id` carries."""
-    return f"poison_pipeline/{undo_id}/restore"
+    return AppTransaction.restore(undo_id, legacy=begun_earlier(undo_id)).name
+
+
+def _back_mark(undo_id: str) -> str:
+    """The app transaction of undo `undo_id`'s append back to the action's table."""
+    return AppTransaction.undo(undo_id, legacy=begun_earlier(undo_id)).name
 
 
 def _touched(declaration: Declaration, action: Action) -> list[tuple[QueueTables, str, dict[str, int | None]]]:
@@ -203,7 +221,7 @@ def _way(declaration: Declaration, action: Action, undo_id: str) -> str:
 def _recorded_way(declaration: Declaration, tables: QueueTables, action: Action) -> str:
     """The way: an interrupted run's compensation goes on as chosen; a restore is checked again (a
     table it has not restored yet may have moved since)."""
-    undo_id = f"undo-{action.action_id}"
+    undo_id = undo_id_of(tables, action.action_id)
     recorded = find_action(tables, undo_id)
     if recorded is not None and recorded.arguments["how"] == COMPENSATE:
         return COMPENSATE
@@ -213,7 +231,7 @@ def _recorded_way(declaration: Declaration, tables: QueueTables, action: Action)
 def _begin(writer: QueueWriter, action: Action, actor: str, run_id: str, now: datetime,
            arguments: dict[str, Any], touched: list[tuple[QueueTables, str]]) -> Recorded:
     """The undo's record: the one an interrupted run made, or a new one, planned."""
-    record = Recorded.of(writer, "undo", f"undo-{action.action_id}")
+    record = Recorded.of(writer, "undo", undo_id_of(writer.tables, action.action_id))
     record.begin(actor, {"action_id": action.action_id, **arguments}, touched, run_id, now)
     return record
 
@@ -237,12 +255,12 @@ def _undo_redrive(declaration: Declaration, writer: QueueWriter, action: Action,
     tables = writer.tables
     source, target = action.arguments["from"], QueueTables.of(declaration, action.arguments["to"])
     touched = [(tables, source), (target, INBOUND)]
-    undo_id = f"undo-{action.action_id}"
+    undo_id = undo_id_of(tables, action.action_id)
     record = _begin(writer, action, actor, run_id, now, {"how": COMPENSATE}, touched)
     with operator_writer(declaration, target, "undo", run_id, resuming=[undo_id], within=writer) as target_writer:
         result = _compensate(writer, source, target_writer, action, record.action_id)
         if target.queue != tables.queue:  # the reverse of the redrive's intake rows
-            app_id = f"poison_pipeline/{tables.queue}/{record.action_id}"
+            app_id = AppTransaction.undo_intake(tables.queue, undo_id, legacy=begun_earlier(undo_id)).name
             record_intake(writer, f"undo from {target.queue}", record.action_id, result.restored, now, app_id, 1)
             record_intake(target_writer, f"undo to {tables.queue}", record.action_id, -result.restored, now, app_id,
                           1)
@@ -277,9 +295,9 @@ def _compensate(writer: QueueWriter, source: str, target_writer: QueueWriter, ac
     """Move back what is still in the target's inbound under the redrive's batches; a message whose
     very row (same batch) is back in the source already came back by an interrupted run of this undo."""
     tables, target = writer.tables, target_writer.tables
-    prefix = f"{action.action_id}-"
-    inbound = target.open(INBOUND).to_pyarrow_dataset().to_table(
-        columns=["message_id", "batch_id"], filter=pc.starts_with(pc.field("batch_id"), prefix))
+    # Its batches by their whole name: redrive fix's are not those of a redrive fix-2 (domain/names.py).
+    mine = pc.match_substring_regex(pc.field("batch_id"), pattern=BatchName.pattern(action.action_id))
+    inbound = target.open(INBOUND).to_pyarrow_dataset().to_table(columns=["message_id", "batch_id"], filter=mine)
     still = set(inbound["message_id"].to_pylist())
     versions = action.versions[f"{tables.queue}/{source}"]
     original = _as_of(tables, source, versions["before"])
@@ -296,9 +314,9 @@ def _compensate(writer: QueueWriter, source: str, target_writer: QueueWriter, ac
         pc.is_in(moved_then["message_id"], value_set=pa.array(sorted(still), pa.string())),
         pc.invert(pc.is_in(moved_then["message_id"], value_set=present["message_id"]))))
     if target.queue != tables.queue and still:
-        _hold(target_writer, prefix, still)
+        _hold(target_writer, mine, still)
     if back.num_rows:
-        writer.append(source, back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
+        writer.append(source, back.cast(schema_of(source)), app_id=_back_mark(undo_id), version=1)
     if inbound.num_rows:
         batches = sorted(set(inbound["batch_id"].to_pylist()))
         target_writer.replace_batches(INBOUND, batches, keep=~pads.field("message_id").isin(sorted(still)))
@@ -312,14 +330,14 @@ def _compensate(writer: QueueWriter, source: str, target_writer: QueueWriter, ac
 _HELD_UNTIL = datetime(9999, 12, 31, tzinfo=UTC)
 
 
-def _hold(target_writer: QueueWriter, prefix: str, still: set[str]) -> None:
+def _hold(target_writer: QueueWriter, mine: pc.Expression, still: set[str]) -> None:
     """Make the redriven copies in another queue's inbound wait until this undo removes them, in one
     commit, before the messages go back: a kill between going back and the removal would otherwise
     leave a copy that the target's own cycles deliver (they do not complete another queue's undo),
     and the message would end in two places."""
     ids = pa.array(sorted(still), pa.string())
     rows = target_writer.tables.open(INBOUND).to_pyarrow_dataset().to_table(
-        filter=pc.starts_with(pc.field("batch_id"), prefix) & pc.field("message_id").isin(ids))
+        filter=mine & pc.field("message_id").isin(ids))
     if rows.num_rows == 0 or pc.all(pc.equal(rows["due_at"], pa.scalar(_HELD_UNTIL, rows["due_at"].type))).as_py():
         return  # held by an earlier run of this undo
     held = rows.set_column(rows.schema.get_field_index("due_at"), "due_at",
@@ -409,7 +427,7 @@ def _purge_back(tables: QueueTables, source: str, action: Action) -> _PurgeBack:
     # A killed run of this undo that restored the ledger took the purge's rows out of it: they are
     # read as the purge left it.
     version = action.versions[f"{tables.queue}/{PURGED}"]["after"] if _restored_by(
-        tables, PURGED, f"undo-{action.action_id}") else None
+        tables, PURGED, undo_id_of(tables, action.action_id)) else None
     ledger = _as_of(tables, PURGED, version, pads.field("action_id") == action.action_id,
                     ["message_id", "batch_id"]) if version is not None else tables.open(PURGED).to_pyarrow_dataset(
     ).to_table(columns=["message_id", "batch_id"], filter=pads.field("action_id") == action.action_id)
@@ -456,7 +474,7 @@ def _compensate_purge(writer: QueueWriter, source: str, action: Action, undo_id:
     come back stays purged (in the ledger), so the conservation line still balances."""
     tables = writer.tables
     if plan.back.num_rows:
-        writer.append(source, plan.back.cast(schema_of(source)), app_id=f"poison_pipeline/{undo_id}", version=1)
+        writer.append(source, plan.back.cast(schema_of(source)), app_id=_back_mark(undo_id), version=1)
     if plan.found:
         gone = (pads.field("action_id") == action.action_id) & pads.field("message_id").isin(
             pa.array(plan.found, pa.string()))
