@@ -436,23 +436,23 @@ def test_an_interrupted_undo_whose_completion_fails_is_left_for_the_operator_and
     monkeypatch.setattr(undo_module.archiving, "reverse", files_gone)
     with pytest.raises(FileNotFoundError):
         undo_action(declaration, "r1")
-    assert find_action(tables, "undo-r1").state == PLANNED
+    assert find_action(tables, "r1--undo").state == PLANNED
     assert not enqueue(declaration, "q", [{"message_id": "good-1", "message_type": "refund", "body": {}}]).refused
 
     report = run_cycle(spark, declaration, "q", "inbound")
 
     assert report.counts.get("processed") == 1 and places(declaration)["good-1"] == ["processed:processed"]
-    assert report.interrupted.left["undo-r1"].startswith("FileNotFoundError: part-00001.parquet")
-    left = find_action(tables, "undo-r1")
-    assert left.state == PLANNED and left.counts["left"] == report.interrupted.left["undo-r1"]
+    assert report.interrupted.left["r1--undo"].startswith("FileNotFoundError: part-00001.parquet")
+    left = find_action(tables, "r1--undo")
+    assert left.state == PLANNED and left.counts["left"] == report.interrupted.left["r1--undo"]
     ledger = tables.open("actions").version()
     assert run_cycle(spark, declaration, "q", "inbound").interrupted.left == report.interrupted.left
     assert tables.open("actions").version() == ledger  # the same reason is not written again
     # The alert: one action_left event, which the queue's action_left sensor raises.
     alerts = decide_alerts(tables, {}, ACTION_LEFT).events
-    assert len(alerts) == 1 and "undo-r1" in alerts[0].describe() and "FileNotFoundError" in alerts[0].describe()
+    assert len(alerts) == 1 and "r1--undo" in alerts[0].describe() and "FileNotFoundError" in alerts[0].describe()
     # An operator command of the queue goes on too.
     assert purge_table(declaration, "q", "poison", 0, Selection(ids=("own-1",))).purged == 1
     monkeypatch.undo()  # the files are back: the next holder completes it
-    assert run_cycle(spark, declaration, "q", "inbound").interrupted.completed == ["undo-r1"]
+    assert run_cycle(spark, declaration, "q", "inbound").interrupted.completed == ["r1--undo"]
     assert find_action(tables, "r1").state == UNDONE
