@@ -166,11 +166,11 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=100_000, help="messages per enqueue call")
     parser.add_argument("--warmup", type=int, default=50_000, help="messages of the warm-up drain (ours)")
-    parser.add_argument("--quick", action="store_true", help="50,000 messages (CI)")
+    parser.add_argument("--quick", action="store_true", help="20,000 messages (CI)")
     parser.add_argument("--workdir", default=None, help="keep the lake here")
     args = parser.parse_args()
     if args.quick:
-        args.messages, args.chunk, args.warmup = 50_000, 25_000, 10_000
+        args.messages, args.chunk, args.warmup = 20_000, 10_000, 5_000
     return emit(lambda folder: run(folder, args.messages, args.chunk, args.warmup), args.workdir, "broker-drain-")
 
 

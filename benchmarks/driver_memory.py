@@ -5,7 +5,7 @@ JVM, for a small and a 4x bigger inbound cycle, each in a fresh process (issue 1
                                                  [--workdir DIR]
 
 For N and F*N messages (200-byte JSON, 1% poison, 0.5% transient; 1,000,000 and 4,000,000 by
-default, 50,000 and 200,000 with --quick), this process writes the inbound table of a fresh
+default, 20,000 and 80,000 with --quick), this process writes the inbound table of a fresh
 queue, then a fresh Python process starts Spark, runs one `run_cycle` and reads the peak resident
 set (VmHWM in /proc) of itself and of its JVM. The ratio is the big cycle's sum over the small one's.
 
@@ -108,7 +108,7 @@ def run(messages: int, factor: int, master: str, workdir: str) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="50,000 and 200,000 messages (asserts nothing about time)")
+    parser.add_argument("--quick", action="store_true", help="20,000 and 80,000 messages (asserts nothing about time)")
     parser.add_argument("--messages", type=int, default=None, help="the small cycle (default 1,000,000)")
     parser.add_argument("--factor", type=int, default=4, help="the big cycle is this many times the small one")
     parser.add_argument("--master", default="local[*]")
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         stdout.write(json.dumps(cycle_child(args.workdir, args.child, args.master)) + "\n")
         stdout.flush()
         return 0
-    messages = args.messages or (50_000 if args.quick else 1_000_000)
+    messages = args.messages or (20_000 if args.quick else 1_000_000)
     if messages < 1 or args.factor < 2:
         parser.error("--messages must be at least 1 and --factor at least 2")
     return ct.emit(lambda workdir: run(messages, args.factor, args.master, workdir), args.workdir, "driver_memory-")

@@ -263,7 +263,7 @@ def _wait_for(condition: Any, seconds: float) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short phases (CI): 15 s at 10 msg/s, 15 s at 200")
+    parser.add_argument("--quick", action="store_true", help="short phases (CI): 8 s at 10 msg/s, 8 s at 200")
     parser.add_argument("--look-every", default="5s")
     parser.add_argument("--stay", default="1m")
     parser.add_argument("--slow-rate", type=float, default=10.0)
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-seconds", type=float, default=120.0)
     args = parser.parse_args(argv)
     if args.quick:
-        args.slow_seconds, args.fast_rate, args.fast_seconds = 15.0, 200.0, 15.0
+        args.slow_seconds, args.fast_rate, args.fast_seconds = 8.0, 200.0, 8.0
     with tempfile.TemporaryDirectory(prefix="latency-") as folder:
         phases = measure(Path(folder), args)
     slow, fast = phases["slow"], phases["fast"]

@@ -212,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay-ms", type=float, default=20.0, help="added to every request of the timed cycles")
     parser.add_argument("--timed-cycles", type=int, default=5, help="timed 100-message cycles at each delay")
     parser.add_argument("--quick", action="store_true",
-                        help="150 commits, 5 prior cycles, 2 timed cycles (CI: checks that it runs)")
+                        help="50 commits, 2 prior cycles, 1 timed cycle (CI: checks that it runs)")
     args = parser.parse_args(argv)
-    commits, prior, timed = (150, 5, 2) if args.quick else (args.commits, args.prior_cycles, args.timed_cycles)
+    commits, prior, timed = (50, 2, 1) if args.quick else (args.commits, args.prior_cycles, args.timed_cycles)
     if commits < 1:
         parser.error("--commits must be at least 1")
     if prior < 0:

@@ -1,8 +1,9 @@
-"""Every benchmark, one after the other, each in a fresh process: `make bench` (full sizes) and
-`make bench-quick` (small sizes, for CI: it checks that every benchmark still runs and prints its line,
-and asserts nothing about time).
+"""Every benchmark, each in a fresh process: `make bench` (full sizes, one after the other, so no
+benchmark's figures share the machine with another's) and `make bench-quick` (small sizes, for CI: it
+checks that every benchmark still runs and prints its line, and asserts nothing about time; two run
+at a time, `--jobs`, each on servers and ports of its own).
 
-    .venv/bin/python benchmarks/run_all.py [--quick] [--only NAME ...] [--args "ARGS"]
+    .venv/bin/python benchmarks/run_all.py [--quick] [--jobs N] [--only NAME ...] [--args "ARGS"]
 
 Prints each benchmark's JSON line on stdout as it finishes, with `load_avg_before`, `git_commit`,
 `at` and `quick` added. A full run also appends each line to `benchmarks/results/<name>.jsonl`, the
@@ -19,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI): runs everything, times nothing")
     parser.add_argument("--only", nargs="*", default=None, metavar="NAME",
                         help=f"run only these: {', '.join(b.name for b in BENCHMARKS)}")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="benchmarks running at a time: 2 with --quick, else 1 (a full run's figures are timed)")
     parser.add_argument("--args", default="", metavar="ARGS",
                         help="more arguments for the one benchmark --only names (e.g. --args=--phases)")
     args = parser.parse_args(argv)
@@ -99,19 +103,26 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.only or ()) - known)
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    jobs = args.jobs if args.jobs is not None else (2 if args.quick else 1)
+    if jobs < 1:
+        parser.error("--jobs must be at least 1")
     chosen = [b for b in BENCHMARKS if args.only is None or b.name in args.only]
     failed = []
-    for benchmark in chosen:
+
+    def one(benchmark: Benchmark) -> None:
         print(f"--- {benchmark.name}{' (quick)' if args.quick else ''}", file=sys.stderr, flush=True)
         result = run_one(benchmark, args.quick, extra)
         if result is None:
             failed.append(benchmark.name)
-            continue
+            return
         line = json.dumps(result)
         print(line, flush=True)
         if not args.quick:
             with open(HERE / "results" / f"{benchmark.name}.jsonl", "a") as out:
                 out.write(line + "\n")
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, chosen))
     if failed:
         print(f"{len(failed)} benchmark(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -348,7 +348,7 @@ def main() -> int:
                         help="seed through the product's enqueue and appends themselves (hours at full size)")
     parser.add_argument("--no-notes", action="store_true",
                         help="remove the enqueues' notes of their ids before the first evaluation (an older lake)")
-    parser.add_argument("--quick", action="store_true", help="50,000 messages in 300 files (CI)")
+    parser.add_argument("--quick", action="store_true", help="20,000 messages in 100 files (CI)")
     parser.add_argument("--workdir", default=None, help="keep the seeded lake here; a kept lake is measured again")
     parser.add_argument("--evaluate", metavar="WORKDIR", help=argparse.SUPPRESS)  # one round, in its own process
     args = parser.parse_args()
@@ -356,7 +356,7 @@ def main() -> int:
         evaluate(args.evaluate)
         return 0
     if args.quick:
-        args.messages, args.files, args.failed, args.events, args.rounds = 50_000, 300, 1_000, 100, 3
+        args.messages, args.files, args.failed, args.events, args.rounds = 20_000, 100, 400, 40, 2
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
     return emit(lambda folder: run(folder, args.messages, args.files, args.failed, args.events, args.rounds, args.new,
