@@ -38,6 +38,10 @@ import yaml
 from poison_pipeline.domain.envelope import Message
 
 HANDLER = "poison_pipeline_tests.model_support:handle"
+# Another handler a declaration change may name: the same side effects, but a `fixable` message is
+# taken as fixed, so a change of handler changes what the messages waiting for the old one do next.
+LENIENT_HANDLER = "poison_pipeline_tests.model_support:handle_lenient"
+HANDLERS = (HANDLER, LENIENT_HANDLER)
 EXPIRY_SECONDS = 2.0
 # A takeover waits this long after a holder stopped: past its expiry, with room for a late renewal.
 PAST_EXPIRY = EXPIRY_SECONDS * 1.8
@@ -62,15 +66,18 @@ USUAL_POINTS = {"cycle": 12, "redrive": 7, "edit": 9, "purge": 6, "undo": 4, "ar
 
 def write_declaration(folder: Path, queues: dict[str, dict[str, Any]] | None = None,
                       expiry: float = EXPIRY_SECONDS, wait: float = 20.0,
-                      store: tuple[str, dict[str, str]] | None = None) -> Path:
+                      store: tuple[str, dict[str, str]] | None = None,
+                      handlers: dict[str, str] | None = None) -> Path:
     """The declaration of a lake under `folder` (or at `store`: a lake root on an object store and
-    its storage options), small cycles only, a short lease expiry."""
+    its storage options), small cycles only, a short lease expiry. `handlers`: a queue's handler
+    other than HANDLER."""
     chosen = POLICIES if queues is None else queues
+    named = handlers or {}
     data: dict[str, Any] = {
         "lake_root": str(folder / "lake") if store is None else store[0],
         "lease": {"wait": f"{wait}s", "expiry": f"{expiry}s"},
         "small_cycles": {"max_messages": 1000},
-        "queues": {name: {"handler": HANDLER, "policy": policy} for name, policy in chosen.items()},
+        "queues": {name: {"handler": named.get(name, HANDLER), "policy": policy} for name, policy in chosen.items()},
     }
     if store is not None:
         data["storage_options"] = store[1]
@@ -100,6 +107,15 @@ def _driver_pid() -> int:
 
 def handle(message: Message) -> None:
     """Record one side effect per call: `start`, then `ok` or `fail`, with the driver's pid and the time."""
+    _handle(message, lenient=False)
+
+
+def handle_lenient(message: Message) -> None:
+    """`handle`, with every `fixable` message taken as fixed."""
+    _handle(message, lenient=True)
+
+
+def _handle(message: Message, lenient: bool) -> None:
     raw = message.body
     try:
         body = json.loads(raw if isinstance(raw, (bytes, str)) else b"{}")
@@ -118,10 +134,27 @@ def handle(message: Message) -> None:
     if body.get("sleep"):
         time.sleep(float(body["sleep"]))
     fail = body.get("fail")
-    if fail == "always" or (fail == "fixable" and not (folder / "fixed").exists()):
+    if fail == "always" or (fail == "fixable" and not lenient and not (folder / "fixed").exists()):
         note("fail")
         raise ValueError(f"{fail} failure")
     note("ok")
+
+
+def age_removals(folder: Path, queue: str, hours: float) -> None:
+    """Date every file removal in a local lake's logs of `queue` `hours` back, as a clock moved past
+    the retention would see them: delta-rs's vacuum goes by each remove's deletionTimestamp. Each
+    log file is replaced whole (a reader never sees one half written)."""
+    then = int((time.time() - hours * 3600) * 1000)
+    for log in sorted((folder / "lake" / queue).rglob("_delta_log/*.json")):
+        actions = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        if not any("remove" in action for action in actions):
+            continue
+        for action in actions:
+            if "remove" in action:
+                action["remove"]["deletionTimestamp"] = then
+        staged = log.with_name(f".{log.name}.aged")
+        staged.write_text("".join(json.dumps(action) + "\n" for action in actions))
+        os.replace(staged, log)
 
 
 @dataclass(frozen=True)
@@ -441,9 +474,9 @@ def run_op(config: str, op: str, args: dict[str, Any]) -> str:
         return f"undo {undo_action(declaration, args['id'], actor='model', run_id='model')}"
     if op == "maintain":
         from poison_pipeline.operations.maintenance import maintain
-        maintain(declaration, args["queue"], vacuum=args.get("vacuum", False),
-                 retention=timedelta(seconds=args.get("retention", 7 * 86400)), run_id="model")
-        return "maintained"
+        kept = maintain(declaration, args["queue"], vacuum=args.get("vacuum", False),
+                        retention=timedelta(seconds=args.get("retention", 7 * 86400)), run_id="model")
+        return f"maintained vacuumed {sum(t.vacuumed_files for t in kept.tables)}"
     if op == "end":
         from poison_pipeline.operations.end_conversation import end_conversation_by_operator
         ended = end_conversation_by_operator(declaration, args["queue"], args["conversation"], 1, "ended by model",
@@ -683,6 +716,9 @@ def product_lines(config: Path) -> dict[str, tuple[int | None, int, str]]:
         tables = QueueTables.of(declaration, queue)
         if not tables.exists("processed"):
             continue
+        # As the Dagster check does before it reads: a raised max_retry_cycles names a retry_k that
+        # no cycle has written yet.
+        tables.ensure()
         books = check_conservation(tables).metadata
         found[queue] = (books["accepted"], books["accounted"], books["line"])  # type: ignore[assignment]
     return found

@@ -1,5 +1,7 @@
 """The model-based test of "nothing lost, whatever operators do and however long a process pauses":
-random sequences of enqueues, cycles, redrives, edits, purges, undos, maintenance, conversation ends,
+random sequences of enqueues, cycles, redrives, edits, purges, undos, maintenance (with the clock
+moved past a retention at its floor, so that a vacuum deletes files), conversation ends, changes of
+the declaration between steps (a queue's max_retry_cycles lowered or raised, its handler changed),
 processes killed at a random commit point and holders paused past their lease expiry, over a real
 lake of three queues (model_support.py). After every step the invariants below hold.
 
@@ -7,7 +9,9 @@ Invariants, checked after every step (`check`), from the tables and the test's o
 
 1. Nothing lost: every message id the test enqueued (and the lake accepted) has at least as many rows
    across every place of every queue as copies were accepted. A place is a waiting table (inbound,
-   retry_1, poison), processed (any disposition: a ledger row), dead_letter, quarantine or purged.
+   retry_k, poison: as the product reports them, so a retry_k beyond a lowered max_retry_cycles that
+   still holds messages is one while it drains), processed (any disposition: a ledger row),
+   dead_letter, quarantine or purged.
 2. Exactly one place (per accepted copy): an id has exactly as many rows across all places as copies
    were accepted, and only in queues it could reach (the queue it was enqueued to, or the target of a
    `--to` redrive run while it was in the source's table). A process killed or paused may leave its
@@ -33,6 +37,7 @@ The counts of a run (sequences, steps, kills, pauses, violations) are printed at
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -55,6 +60,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from poison_pipeline.operations.maintenance import RetentionTooShort
+from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests import model_support as ms
 from poison_pipeline_tests.fuzz_support import COUNTS, active_profile
 from poison_pipeline_tests.s3_support import fresh_root
@@ -90,13 +97,19 @@ class LakeModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.folder = Path(tempfile.mkdtemp(prefix="pp-model-"))
+        # What the declaration says besides the queues' policies and handlers, kept as it is when
+        # a step changes those.
+        self.declared: dict[str, Any] = {}
         if self.store is None:
-            self.config = ms.write_declaration(self.folder)
+            self.expiry = ms.EXPIRY_SECONDS
             self.past_expiry = ms.PAST_EXPIRY
         else:
-            self.config = ms.write_declaration(self.folder, expiry=ms.STORE_EXPIRY_SECONDS,
-                                               store=(fresh_root("model"), self.store))
+            self.expiry = ms.STORE_EXPIRY_SECONDS
+            self.declared = {"store": (fresh_root("model"), self.store)}
             self.past_expiry = ms.STORE_EXPIRY_SECONDS * ms.PAST_EXPIRY / ms.EXPIRY_SECONDS
+        self.policies = copy.deepcopy(ms.POLICIES)
+        self.handlers = {queue: ms.HANDLER for queue in ms.QUEUES}
+        self.config = ms.write_declaration(self.folder, self.policies, expiry=self.expiry, **self.declared)
         self.copies: Counter[str] = Counter()
         self.reach: dict[str, set[str]] = defaultdict(set)
         self.purgeable: set[tuple[str, str, str]] = set()  # (queue, table, id) seen before a purge
@@ -145,7 +158,8 @@ class LakeModel(RuleBasedStateMachine):
         except Exception as error:  # noqa: BLE001 - any failure leaves the lake to be judged
             self.trace(op, args, f"FAILED {type(error).__name__}: {error}")
             COUNTS["model operations failed"] += 1
-            if op != "enqueue":
+            refused = isinstance(error, RetentionTooShort)  # refused before anything was done
+            if op != "enqueue" and not refused:
                 # A failure half way is an interruption its queue's next cycle completes.
                 for queue in self.queues_of(op, args):
                     self.interrupted[queue].add(f"failed {op}")
@@ -235,10 +249,12 @@ class LakeModel(RuleBasedStateMachine):
             self.copies[line["message_id"]] += 1
             self.reach[line["message_id"]].add(queue)
 
-    @rule(queue=st.sampled_from(ms.QUEUES), which=st.integers(0, 2))
+    @rule(queue=st.sampled_from(ms.QUEUES), which=st.integers(0, 4))
     def cycle(self, queue: str, which: int) -> None:
         self.step("cycle")
         table = self.waiting(queue)[which % len(self.waiting(queue))]
+        if table.startswith("retry_") and int(table.removeprefix("retry_")) > self.policies[queue]["max_retry_cycles"]:
+            COUNTS["model cycles of a draining retry table"] += 1
         self.cycle_done(queue, table, self.run("cycle", {"queue": queue, "table": table}))
 
     # Cycles are most of what a queue does: another rule, so that they are drawn more often.
@@ -247,7 +263,47 @@ class LakeModel(RuleBasedStateMachine):
         self.cycle(queue, 0)
 
     def waiting(self, queue: str) -> list[str]:
-        return ["inbound", "retry_1", "poison"] if queue == "qa" else ["inbound", "poison"]
+        """The waiting tables the product reports: the policy's, and a retry_k beyond a lowered
+        max_retry_cycles while it still holds messages (it drains; the policy alone would leave
+        its messages uncycled)."""
+        return list(QueueTables.of(ms.declaration_of(self.config), queue).waiting)
+
+    @rule(queue=st.sampled_from(ms.QUEUES), cycles=st.integers(0, 3), handler=st.sampled_from(ms.HANDLERS))
+    def change_declaration(self, queue: str, cycles: int, handler: str) -> None:
+        """Rewrite the declaration with `queue`'s max_retry_cycles and handler changed, everything
+        else as it was: a lowered count leaves messages in a retry_k beyond it, a raised one adds
+        tables, a changed handler takes the waiting messages at their next cycle."""
+        self.declare(queue, cycles, handler)
+
+    # A lowered count is what leaves a retry table draining: a rule of its own, so that it comes
+    # after a raise often enough, the queue with the most retry tables (and messages in them) first.
+    @rule(handler=st.sampled_from(ms.HANDLERS))
+    def lower_retry_cycles(self, handler: str) -> None:
+        queue = max(ms.QUEUES, key=lambda q: (self.policies[q]["max_retry_cycles"], q))
+        self.declare(queue, max(0, self.policies[queue]["max_retry_cycles"] - 1), handler)
+
+    def declare(self, queue: str, cycles: int, handler: str) -> None:
+        self.step("change declaration")
+        policy = self.policies[queue]
+        COUNTS["model declaration " + ("lowers" if cycles < policy["max_retry_cycles"] else
+                                       "raises" if cycles > policy["max_retry_cycles"] else "keeps")
+               + " max_retry_cycles"] += 1
+        if handler != self.handlers[queue]:
+            COUNTS["model declaration changes the handler"] += 1
+        policy["max_retry_cycles"] = cycles
+        if cycles:
+            # Due at once, so that settling carries a message through every retry table.
+            policy.setdefault("retry_cycle_delay", "0s")
+        self.handlers[queue] = handler
+        before = os.stat(self.config).st_mtime_ns
+        ms.write_declaration(self.folder, self.policies, expiry=self.expiry, handlers=self.handlers,
+                             **self.declared)
+        # The declaration is parsed again when its file's time changes: a rewrite within the
+        # file system's clock tick must still read as a change.
+        if os.stat(self.config).st_mtime_ns <= before:
+            os.utime(self.config, ns=(before + 1_000_000, before + 1_000_000))
+        self.trace("declare", {"queue": queue, "max_retry_cycles": cycles, "handler": handler},
+                   f"waiting {self.waiting(queue)}")
 
     @rule()
     def fix_or_break(self) -> None:
@@ -404,6 +460,24 @@ class LakeModel(RuleBasedStateMachine):
         self.step("maintain")
         self.run("maintain", {"queue": queue, "vacuum": vacuum})
 
+    @rule(queue=st.sampled_from(ms.QUEUES), retention=st.sampled_from(["floor", "floor", "zero"]))
+    def maintain_past_retention(self, queue: str, retention: str) -> None:
+        """A vacuum with the clock moved past its retention: every removal dated hours back, the
+        retention at its floor (the lease expiry), so that the vacuum deletes every file no kept
+        version reads; an undo after it must still find the versions its action recorded. A
+        retention of 0 is below the floor: refused, nothing done."""
+        self.step("maintain past retention")
+        if retention == "zero":
+            outcome = self.run("maintain", {"queue": queue, "vacuum": True, "retention": 0})
+            self.require(outcome.startswith("FAILED RetentionTooShort"),
+                         f"a vacuum with a retention of 0 was not refused: {outcome}")
+            return
+        if self.store is None:  # the removals of a lake on a store are not files here to date back
+            ms.age_removals(self.folder, queue, hours=3)
+        outcome = self.run("maintain", {"queue": queue, "vacuum": True, "retention": self.expiry})
+        if outcome.startswith("maintained vacuumed "):
+            COUNTS["model files vacuumed past retention"] += int(outcome.rsplit(" ", 1)[1])
+
     @rule(queue=st.sampled_from(ms.QUEUES), conversation=st.sampled_from(["c1", "c2"]))
     def end_conversation(self, queue: str, conversation: str) -> None:
         self.step("end conversation")
@@ -511,7 +585,10 @@ class LakeModel(RuleBasedStateMachine):
             if round_ >= 2 and not any(a.state == "planned" and a.kind == "ramp" for a in ms.actions(self.config)):
                 break
             for queue in ms.QUEUES:
-                for table in self.waiting(queue):
+                waiting = self.waiting(queue)
+                if sum(t.startswith("retry_") for t in waiting) > self.policies[queue]["max_retry_cycles"]:
+                    COUNTS["model settles with a draining retry table"] += 1
+                for table in waiting:
                     self.run("cycle", {"queue": queue, "table": table, "run_id": "settle"})
             for action in ms.actions(self.config):
                 if action.state == "planned":
