@@ -70,7 +70,11 @@ def waiting_tables(policy: Policy, draining: int = 0) -> list[str]:
     cycles (max_retry_cycles lowered while they waited). It and those before it stay waiting tables
     until it is empty: each message there has its cycle, as the policy that sent it there said, and
     then its final disposition (route_main sends nothing further down than the policy's count)."""
-    cycles = max(policy.max_retry_cycles, draining)
+    return tables_through(max(policy.max_retry_cycles, draining))
+
+
+def tables_through(cycles: int) -> list[str]:
+    """The waiting tables of a queue with `cycles` retry subqueues, in the order of the flow."""
     return [INBOUND, *(retry_table(k) for k in range(1, cycles + 1)), POISON]
 
 

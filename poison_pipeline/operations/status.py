@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from poison_pipeline.broker.conversations import UnfinishedCleanup, unfinished_cleanups
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.paths import lake_path
-from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE, retry_table
+from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, PROCESSED, QUARANTINE, tables_through
 from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.lease import Holder
 from poison_pipeline.storage.tables import ATTEMPTS, CONVERSATIONS, PURGED, QueueTables, draining_retry
@@ -108,8 +108,7 @@ def undeclared_statuses(declaration: Declaration, now: datetime) -> list[QueueSt
         if info.type != pafs.FileType.Directory or name in declaration.queues or name.startswith(("_", ".")):
             continue
         try:
-            waiting = (INBOUND, *(retry_table(k) for k in range(1, draining_retry(root, name, options, 0) + 1)),
-                       POISON)
+            waiting = tuple(tables_through(draining_retry(root, name, options, 0)))
             tables = QueueTables(root, name, options, waiting)
         except ValueError:
             continue  # not a name a queue can have: not a queue's folder

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from poison_pipeline.domain.routing import (
     POISON,
     PROCESSED,
     QUARANTINE,
+    tables_through,
     waiting_tables,
 )
 from poison_pipeline.storage import schemas
@@ -249,20 +251,33 @@ class QueueTables:
     lake_root: str
     queue: str
     storage_options: dict[str, str] = field(repr=False)  # credentials: never in a repr
-    waiting: tuple[str, ...]
+    # The waiting tables the policy names (or the caller gives); `waiting` adds a draining one.
+    policy_waiting: tuple[str, ...]
     lease_settings: LeaseSettings = LeaseSettings()
+    # Set by `of`: the policy's retry cycles, beyond which a retry subqueue may still drain.
+    policy_cycles: int | None = None
 
     @classmethod
     def of(cls, declaration: Declaration, queue: str) -> QueueTables:
         policy = declaration.queue(queue).policy
-        lake_root, options = declaration.lake_root.rstrip("/"), dict(declaration.storage_options)
         return cls(
-            lake_root=lake_root,
+            lake_root=declaration.lake_root.rstrip("/"),
             queue=queue,
-            storage_options=options,
-            waiting=tuple(waiting_tables(policy, draining_retry(lake_root, queue, options, policy.max_retry_cycles))),
+            storage_options=dict(declaration.storage_options),
+            policy_waiting=tuple(waiting_tables(policy)),
             lease_settings=declaration.lease,
+            policy_cycles=policy.max_retry_cycles,
         )
+
+    @cached_property
+    def waiting(self) -> tuple[str, ...]:
+        """The queue's waiting tables: the policy's, and through a retry subqueue beyond them that
+        still holds messages (routing.waiting_tables). Listed at the first use, not when built: most
+        readers of a queue's tables (a sensor's look at its events, a lease) never ask."""
+        if self.policy_cycles is None:
+            return self.policy_waiting
+        draining = draining_retry(self.lake_root, self.queue, self.storage_options, self.policy_cycles)
+        return self.policy_waiting if draining <= self.policy_cycles else tuple(tables_through(draining))
 
     @property
     def last_retry(self) -> int:
