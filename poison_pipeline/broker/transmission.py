@@ -236,14 +236,13 @@ def _transmit_held(declaration: Declaration, writer: QueueWriter, now: datetime)
 def _named(tables: QueueTables, table: str, app: AppTransaction, version: int) -> str:
     """The name of a transmission's commit to `table`: the earlier one when an earlier version made
     that commit already (a replay of its snapshot then writes nothing again), else its own."""
-    earlier = app.spellings()[-1]
-    if earlier.startswith(f"poison_pipeline/{tables.queue}/"):
+    if app.earlier_is_one_of_queue(tables.queue):
         # A queue named transmission: the earlier name is also one of its own cycles' (a commit of
         # its table named like the sender), which says nothing of this transmission.
         return app.name
     there = tables.open_if_exists(table)
-    made = None if there is None else there.transaction_version(earlier)
-    return earlier if made is not None and made >= version else app.name
+    made = None if there is None else there.transaction_version(app.earlier)
+    return app.earlier if made is not None and made >= version else app.name
 
 
 def _ended_conversations(declaration: Declaration, queue: str, targets: set[str]) -> dict[str, set[str]]:

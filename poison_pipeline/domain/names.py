@@ -264,8 +264,18 @@ class AppTransaction:
     def spellings(self) -> tuple[str, ...]:
         """Its name, then the earlier one: whether the commit landed is read under both (an action an
         earlier version began, completed by this one)."""
-        earlier = _EARLIER[self.kind].format(*self.parts)
+        earlier = self.earlier
         return (self.name,) if earlier == self.name else (self.name, earlier)
+
+    @property
+    def earlier(self) -> str:
+        """The name an earlier version gave these commits."""
+        return _EARLIER[self.kind].format(*self.parts)
+
+    def earlier_is_one_of_queue(self, queue: str) -> bool:
+        """Whether the earlier name has the form of `queue`'s own transactions
+        (`poison_pipeline/<queue>/<part>`): finding it there then says nothing of this action."""
+        return self.earlier.split("/")[:2] == ["poison_pipeline", queue]
 
 
 # A queue name (domain/declaration.py): lowercase letters, digits and _, so never a ':'.
