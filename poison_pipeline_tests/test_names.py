@@ -5,6 +5,7 @@ lookup matches a whole name, never a prefix."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -17,6 +18,7 @@ from poison_pipeline.domain.names import (
     AppTransaction,
     BatchName,
     ConversationName,
+    ResendName,
     ReservedName,
     SentName,
     check_operator_id,
@@ -35,7 +37,7 @@ from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.storage.writer import queue_writer
 from poison_pipeline_tests.support import rows
-from poison_pipeline_tests.test_redrive import lake  # noqa: F401 - the shared fixture
+from poison_pipeline_tests.test_redrive import POLICY, RECORDING, lake  # noqa: F401 - the shared fixture
 
 # Ids as operators choose them: sharing prefixes and separators with each other and with the ids the
 # product derives, and the product's own words.
@@ -210,9 +212,11 @@ names = st.one_of(
     action_names().map(lambda n: ("app", AppTransaction.removed(str(n)))),
     st.tuples(queues, st.text(max_size=12), st.integers(1, 20)).map(lambda t: ("sent", SentName(*t))),
     st.tuples(queues, st.text(max_size=12)).map(lambda t: ("conversation", ConversationName(*t))),
+    st.tuples(st.text(min_size=1, max_size=12).filter(lambda t: ResendName.parse(t) is None),
+              st.integers(1, 20)).map(lambda t: ("resend", ResendName(*t))),
 )
 _PARSERS = {"action": ActionName.parse, "batch": BatchName.parse, "app": AppTransaction.parse,
-            "sent": SentName.parse, "conversation": ConversationName.parse}
+            "sent": SentName.parse, "conversation": ConversationName.parse, "resend": ResendName.parse}
 
 
 @given(names, names)
@@ -244,12 +248,21 @@ def test_an_operator_actions_transaction_is_none_of_the_products_own(queue, give
         assert str(app) not in own
 
 
-def test_a_batch_of_a_redrive_matches_by_its_whole_name_in_either_form():
-    import re
+def test_a_resend_is_named_apart_from_a_default_conversation_and_its_earlier_spelling_is_read():
+    resend = ResendName("conv:q/x", 1)
+    assert str(resend) == "resend:1:conv:q/x" != str(ConversationName("q", "x~resend-1"))
+    assert ResendName.parse("conv:q/x~resend-2") == ResendName("conv:q/x", 2)
+    assert ResendName.parse("resend:0:c") is None and ResendName.parse("c") is None
 
-    fix = re.compile(BatchName.pattern("fix"))
-    assert all(fix.match(b) for b in ("fix/0", "fix/12", "fix-0", "fix-12"))
-    assert not any(fix.match(b) for b in ("fix-2/0", "fix-2-0", "fix--poison/0", "fix/parked", "fixed/0"))
+
+def test_a_batch_of_a_redrive_matches_by_its_whole_name_in_either_form():
+    fix, earlier = re.compile(BatchName.pattern("fix")), re.compile(BatchName.pattern("fix", earlier=True))
+    assert all(fix.match(b) for b in ("fix/0", "fix/12")) and not any(fix.match(b) for b in ("fix-0", "fix-12"))
+    assert all(earlier.match(b) for b in ("fix/0", "fix/12", "fix-0", "fix-12"))
+    for pattern in (fix, earlier):
+        assert not any(pattern.match(b) for b in ("fix-2/0", "fix-2-0", "fix--poison/0", "fix/parked", "fixed/0"))
+    # This version's transmissions and cycles: of no redrive this version made.
+    assert not re.match(BatchName.pattern("tx-orders"), "tx-orders-5")
     assert BatchName.parse("fix-2-0") == BatchName("fix-2", "0")
     assert BatchName.parse("inbound-3-1a2b3c4d") is None
     assert ActionName.parse("undo-fix") == ActionName("undo-fix")
@@ -259,3 +272,23 @@ def test_a_batch_of_a_redrive_matches_by_its_whole_name_in_either_form():
     # What is committed is read under both names: an action an earlier version began completes.
     assert AppTransaction.action("p1").spellings() == ("poison_pipeline:action/p1", "poison_pipeline/p1")
     assert AppTransaction.redrive("q", "r1", legacy=True).name == "poison_pipeline/q/r1"
+
+
+def test_undo_leaves_alone_a_transmission_s_batch_named_like_the_redrive(spark, make_declaration, tmp_path):
+    """`tx-orders-5` is the batch of orders' sends delivered to target's inbound, not chunk 5 of a
+    redrive an operator named tx-orders: its undo takes back only its own copies."""
+    declaration = make_declaration({"orders": {"handler": FORWARD, "policy": FAST},
+                                    "target": {"handler": RECORDING, "policy": POLICY}})
+    failing = {"message_id": "own-1", "message_type": "refund", "body": {"fail": True, "log": str(tmp_path / "log")}}
+    assert not enqueue(declaration, "target", [failing]).refused
+    run_cycle(spark, declaration, "target", "inbound")
+    assert ids_in(declaration, "poison", "target") == ["own-1"]
+    send = {"message_id": "1001", "message_type": "t", "body": {"sends": [{"to": "target", "type": "t"}]}}
+    assert not enqueue(declaration, "orders", [send]).refused
+    run_cycle(spark, declaration, "orders", "inbound")
+    sent = {r["message_id"]: r["batch_id"] for r in rows(declaration, "inbound", "target")}
+    assert list(sent) == ["orders:1001/1"] and re.fullmatch(r"tx-orders-[0-9]+", sent["orders:1001/1"])
+    assert redrive_table(declaration, "target", "poison", redrive_id="tx-orders").moved == 1
+    assert undo_action(declaration, "tx-orders").restored == 1
+    assert ids_in(declaration, "inbound", "target") == ["orders:1001/1"]
+    assert ids_in(declaration, "poison", "target") == ["own-1"]

@@ -40,7 +40,7 @@ from poison_pipeline.broker.conversations import (
 from poison_pipeline.domain.conversation_errors import CONTRACT_BREACH, RECOVERABLE, describe_code
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.envelope import EnvelopeError, check_body
-from poison_pipeline.domain.names import AppTransaction
+from poison_pipeline.domain.names import AppTransaction, ResendName
 from poison_pipeline.domain.policy import OnUndefinedError
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND
 from poison_pipeline.storage import schemas
@@ -117,7 +117,7 @@ def _resent(rows: list[dict], now: datetime, contract: str | None) -> tuple[str,
     under the target's current contract."""
     count = rows[0]["resend_count"] + 1
     original = rows[0]["original_conversation_id"] or rows[0]["conversation_id"]
-    conversation = f"{original}~resend-{count}"
+    conversation = str(ResendName(original, count))
     out = []
     for position, row in enumerate(rows, start=1):
         lifetime = row["deadline"] - row["enqueued_at"] if row["deadline"] is not None else None

@@ -14,7 +14,8 @@ that no operator id, queue name or table name can reach:
   `<ramp id>/parked`. An action id holds no `/`, and the cycles' and transmissions' own batch ids
   (`inbound-3-1a2b3c4d`, `tx-orders-5`) hold none either.
 - **sent messages**: `<sender queue>:<message id>/<n>`, and a sent message's default conversation
-  `conv:<sender queue>/<message id>`: each queue's message ids are its own.
+  `conv:<sender queue>/<message id>`: each queue's message ids are its own. A resend's
+  conversation: `resend:<n>:<original conversation>`.
 - **app transactions** of operator actions and of transmissions: `poison_pipeline:<kind>/<part>/...`. Queue names, table
   names and ids hold no `:`, so none of the product's per-queue transactions
   (`poison_pipeline/<queue>/fence`, `poison_pipeline/<queue>/<table>`, ...) can be one of them.
@@ -167,11 +168,13 @@ class BatchName:
         return _BATCH not in text
 
     @staticmethod
-    def pattern(action_id: str) -> str:
-        """A regular expression matching the whole batch id of every chunk of `action_id`, in either
-        form: `fix/0` and `fix-0` are redrive fix's, `fix-2/0` and `fix-2-0` are not."""
+    def pattern(action_id: str, *, earlier: bool = False) -> str:
+        """A regular expression matching the whole batch id of every chunk of `action_id`: `fix/0` is
+        redrive fix's, `fix-2/0` is not. `earlier`: the earlier form `fix-0` too, for an action an
+        earlier version wrote; that form is also a transmission's (`tx-orders-5`) or a cycle's, so
+        it is matched only then."""
         name = re.escape(action_id)
-        return f"^{name}(?:{_BATCH}|-)[0-9]+$"
+        return f"^{name}(?:{_BATCH}|-)[0-9]+$" if earlier else f"^{name}{_BATCH}[0-9]+$"
 
 
 _APP = "poison_pipeline:"
@@ -329,3 +332,35 @@ class ConversationName:
             return None
         sender, slash, message_id = text[len("conv:"):].partition("/")
         return cls(sender, message_id) if slash and _QUEUE.fullmatch(sender) else None
+
+
+
+_RESEND = "resend:"
+# How an earlier version named a resend: `<original>~resend-<n>`, which a default conversation of a
+# message whose id ends so (`conv:q/x~resend-1`) also spelled.
+_EARLIER_RESEND = re.compile(r"(?s)(.+)~resend-([1-9][0-9]*)")
+
+
+@dataclass(frozen=True, order=True)
+class ResendName:
+    """The conversation a resend after a recoverable error goes on: `resend:<n>:<original>`, the n-th
+    resend of the conversation `original` (never itself a resend: a resend of a resend counts on from
+    the original). No default conversation (`conv:`) begins so."""
+
+    original: str
+    n: int
+
+    def __str__(self) -> str:
+        return f"{_RESEND}{self.n}:{self.original}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> ResendName | None:
+        """The resend `text` names (its earlier spelling too), or None: a conversation that is no resend."""
+        text = text or ""
+        if text.startswith(_RESEND):
+            n, colon, original = text[len(_RESEND):].partition(":")
+            if colon and original and n.isdigit() and not n.startswith("0"):
+                return cls(original, int(n))
+            return None
+        match = _EARLIER_RESEND.fullmatch(text)
+        return cls(match.group(1), int(match.group(2))) if match else None

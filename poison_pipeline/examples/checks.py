@@ -5,11 +5,12 @@ records), what each claim is about."""
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from poison_pipeline.domain.names import ResendName
 
 
 class Checks:
@@ -111,10 +112,7 @@ def wrongly_charged(messages: Iterable[Mapping[str, Any]], attempts: Iterable[Ma
     return sorted(m["message_id"] for m in messages if m["total_abort_count"] != failed.get(m["message_id"], 0))
 
 
-_RESEND = re.compile(r"(?s)(.+)~resend-[1-9][0-9]*")
-
-
 def resent_from(conversation_id: str | None) -> str | None:
-    """The original conversation of a resend conversation (`<id>~resend-<n>`); None for any other."""
-    match = _RESEND.fullmatch(conversation_id or "")
-    return match.group(1) if match else None
+    """The original conversation of a resend conversation (domain/names.py); None for any other."""
+    resend = ResendName.parse(conversation_id)
+    return None if resend is None else resend.original

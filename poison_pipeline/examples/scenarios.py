@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from poison_pipeline.broker.conversations import CONVERSATION_ENDED, CONVERSATION_ERROR, ended_conversations
 from poison_pipeline.broker.transmission import LIFETIME_EXPIRED
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.names import SentName
+from poison_pipeline.domain.names import ResendName, SentName
 from poison_pipeline.domain.routing import DEAD_LETTER, PROCESSED, QUARANTINE
 from poison_pipeline.examples.checks import (
     Checks,
@@ -231,7 +231,7 @@ def resend(declaration: Declaration, driver: Driver, received: Counter[str], lif
     checks.equal(f"  {len(ended)} expired conversations ended with error {LIFETIME_EXPIRED}",
                  dict.fromkeys(sent, LIFETIME_EXPIRED), {c: code for c, (code, _) in ended.items()})
     resent = _by_conversation(_rows(declaration, "checkout", TRANSMISSION, columns))
-    expected = {f"{c}~resend-1": ids for c, ids in sent.items()}
+    expected = {str(ResendName(c, 1)): ids for c, ids in sent.items()}
     checks.claim(f"  the pending messages were resent in order on {len(resent)} new conversations, "
                  f"e.g. {min(resent, default='none')}", resent == expected,
                  f"expected {total} on {', '.join(sorted(expected)[:2])}, ... ({len(expected)}); "

@@ -44,6 +44,7 @@ from poison_pipeline.operations.actions import (
     operator_writer,
     planned_actions,
 )
+from poison_pipeline.operations.batches import redrive_batches
 from poison_pipeline.operations.selection import Selection, selected_at
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.tables import ACTIONS, ATTEMPTS, QueueTables, schema_of
@@ -209,8 +210,7 @@ def _waiting(tables: QueueTables, redrive_id: str) -> int:
     inbound = tables.open_if_exists(INBOUND)
     if inbound is None:
         return 0
-    mine = pc.match_substring_regex(pads.field("batch_id"), pattern=BatchName.pattern(redrive_id))
-    return int(inbound.to_pyarrow_dataset().count_rows(filter=mine))
+    return int(inbound.to_pyarrow_dataset().count_rows(filter=redrive_batches(tables, tables.queue, redrive_id)))
 
 
 def _failed_again(tables: QueueTables, step_rows: pa.Table, since: datetime) -> list[str]:

@@ -49,7 +49,7 @@ from deltalake import DeltaTable, Transaction
 from pydantic import Field, field_validator
 
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.names import ActionName, AppTransaction, BatchName, begun_earlier
+from poison_pipeline.domain.names import ActionName, AppTransaction, begun_earlier
 from poison_pipeline.domain.routing import INBOUND, PROCESSED
 from poison_pipeline.operations import archive as archiving
 from poison_pipeline.operations.actions import (
@@ -63,6 +63,7 @@ from poison_pipeline.operations.actions import (
     mark_undone,
     operator_writer,
 )
+from poison_pipeline.operations.batches import redrive_batches
 from poison_pipeline.operations.requests import ActionContext, Request, not_blank
 from poison_pipeline.storage.intake import record_intake
 from poison_pipeline.storage.tables import ARCHIVED, PURGED, QueueTables, schema_of
@@ -296,7 +297,7 @@ def _compensate(writer: QueueWriter, source: str, target_writer: QueueWriter, ac
     very row (same batch) is back in the source already came back by an interrupted run of this undo."""
     tables, target = writer.tables, target_writer.tables
     # Its batches by their whole name: redrive fix's are not those of a redrive fix-2 (domain/names.py).
-    mine = pc.match_substring_regex(pc.field("batch_id"), pattern=BatchName.pattern(action.action_id))
+    mine = redrive_batches(target, tables.queue, action.action_id)
     inbound = target.open(INBOUND).to_pyarrow_dataset().to_table(columns=["message_id", "batch_id"], filter=mine)
     still = set(inbound["message_id"].to_pylist())
     versions = action.versions[f"{tables.queue}/{source}"]
