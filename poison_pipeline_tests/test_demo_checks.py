@@ -105,7 +105,8 @@ def test_the_conservation_line_shows_every_ledger_term_and_its_verdict() -> None
 
 
 def test_resent_from_names_the_original_conversation_of_a_resend_only() -> None:
-    assert resent_from("shipment-7~resend-1") == "shipment-7"
+    assert resent_from("resend:1:shipment-7") == "shipment-7"
+    assert resent_from("shipment-7~resend-1") == "shipment-7"  # as an earlier version spelled it
     assert resent_from("shipment-7~resend-12") == "shipment-7"
     assert resent_from("shipment-7") is None
     assert resent_from("shipment-7~resend-0") is None

@@ -92,20 +92,20 @@ def test_a_lifetime_expired_conversation_is_resent_in_order_on_a_new_one(spark, 
     run_cycle(spark, declaration, "orders", "inbound")
     later = datetime.now(UTC) + timedelta(minutes=2)
     result = transmit(declaration, "orders", now=later)
-    assert [(f.code, f.action, f.new_conversation_id) for f in result.failures] == [(-8489, "resent", "c1~resend-1")]
+    assert [(f.code, f.action, f.new_conversation_id) for f in result.failures] == [(-8489, "resent", "resend:1:c1")]
     pending = sorted(rows(declaration, "transmission", "orders"), key=lambda r: r["sequence_number"])
     # Same ids, same types (the bodyless ones too), same order, on the new conversation.
     assert [(r["message_id"], r["message_type"], r["conversation_id"], r["sequence_number"], r["resend_count"])
-            for r in pending] == [("orders:o1/1", "begin", "c1~resend-1", 1, 1),
-                                  ("orders:o1/2", "item", "c1~resend-1", 2, 1),
-                                  ("orders:o1/3", "end", "c1~resend-1", 3, 1)]
+            for r in pending] == [("orders:o1/1", "begin", "resend:1:c1", 1, 1),
+                                  ("orders:o1/2", "item", "resend:1:c1", 2, 1),
+                                  ("orders:o1/3", "end", "resend:1:c1", 3, 1)]
     assert pending[0]["deadline"] == later + timedelta(seconds=60)
     assert ended_conversations(declaration, "orders")["c1"][0] == -8489
     set_enabled(shipping, True, "ops", "up")
     assert transmit(declaration, "orders", now=later).delivered == {"shipping": 3}
     arrived = sorted(rows(declaration, "inbound", "shipping"), key=lambda r: r["sequence_number"])
     assert [(r["message_id"], r["conversation_id"]) for r in arrived] == [
-        ("orders:o1/1", "c1~resend-1"), ("orders:o1/2", "c1~resend-1"), ("orders:o1/3", "c1~resend-1")]
+        ("orders:o1/1", "resend:1:c1"), ("orders:o1/2", "resend:1:c1"), ("orders:o1/3", "resend:1:c1")]
 
 
 def test_a_resend_that_duplicates_is_dropped_by_the_receiver(spark, make_declaration):
@@ -114,7 +114,7 @@ def test_a_resend_that_duplicates_is_dropped_by_the_receiver(spark, make_declara
     run_cycle(spark, declaration, "orders", "inbound")
     run_cycle(spark, declaration, "shipping", "inbound")
     # The same message arrives again (a resend after an error whose first copy had got through).
-    again = [{"message_id": "orders:o1/1", "message_type": "ship", "conversation_id": "c1~resend-1", "body": {"n": 1}}]
+    again = [{"message_id": "orders:o1/1", "message_type": "ship", "conversation_id": "resend:1:c1", "body": {"n": 1}}]
     assert not enqueue(declaration, "shipping", again).refused
     report = run_cycle(spark, declaration, "shipping", "inbound")
     assert report.counts.get("duplicate") == 1 and not report.counts.get("processed")
@@ -148,4 +148,4 @@ def test_a_target_altered_after_sending_fails_the_conversation_and_a_resend_uses
     # The resent copy was sent under the queue's new contract: the next offer delivers it.
     assert transmit(altered, "orders").delivered == {"shipping": 1}
     [arrived] = rows(altered, "inbound", "shipping")
-    assert (arrived["message_id"], arrived["conversation_id"]) == ("orders:o1/1", "c1~resend-1")
+    assert (arrived["message_id"], arrived["conversation_id"]) == ("orders:o1/1", "resend:1:c1")
