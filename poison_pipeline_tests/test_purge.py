@@ -149,7 +149,7 @@ def test_a_dry_run_says_what_would_be_deleted_and_changes_no_table(lake):
     result = purge_table(declaration, "q", "poison", "30d", dry_run=True, now=datetime.now(UTC) + LATER)
     assert result.dry_run and result.purged == 3 and sum(result.by_group.values()) == 3
     assert result.by_message_type == {"withdrawal": 2, "refund": 1} and len(result.sample_ids) == 3
-    assert "would delete 3 message(s) for good (dry run: no table changed)" in format_purge(result)
+    assert "would delete 3 message(s) for good (dry run: no table changed, no action recorded)" in format_purge(result)
     assert table_versions(declaration) == before
     assert rows(declaration, "purged") == []
 

@@ -302,3 +302,17 @@ def test_a_redrive_that_lost_its_lease_exits_3_with_one_line_and_commits_nothing
     assert err.startswith("poison-pipeline redrive: error: the lease of queue 'q' was taken over by run other")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert table_versions(declaration) == before
+
+
+def test_a_dry_run_on_the_command_line_names_no_action_that_undo_would_not_know(lake, tmp_path, capsys):
+    declaration, _ = lake
+    config = tmp_path / "config.yaml"
+    import yaml
+
+    config.write_text(yaml.safe_dump(json.loads(declaration.model_dump_json())))
+    assert cli.main(["--config", str(config), "redrive", "q", "--from", "poison", "--dry-run"]) == cli.EXIT_OK
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("redrive (dry run): q/poison -> q/inbound: would move 4 of 4 selected")
+    assert line.endswith("(dry run: no table changed, no action recorded)")
+    assert cli.main(["--config", str(config), "actions", "--json"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out) == []

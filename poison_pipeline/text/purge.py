@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from poison_pipeline.domain.durations import when
 from poison_pipeline.operations.purge import PurgeResult
-from poison_pipeline.text.render import breakdown
+from poison_pipeline.text.render import action_named, breakdown, dry_run_note
 
 
 def _age_text(seconds: float) -> str:
@@ -18,10 +18,9 @@ def format_purge(result: PurgeResult) -> str:
     if result.already_done:
         return f"purge {result.purge_id} already completed: nothing deleted now"
     verb = "would delete" if result.dry_run else "deleted"
-    lines = [f"purge {result.purge_id}: {result.queue}/{result.table}, failed more than "
-             f"{_age_text(result.older_than_seconds)} ago (before {when(result.cutoff)}): "
-             f"{verb} {result.purged} message(s) for good"
-             + (" (dry run: no table changed)" if result.dry_run else "")]
+    lines = [f"{action_named('purge', result.purge_id, dry_run=result.dry_run)}: {result.queue}/{result.table}, "
+             f"failed more than {_age_text(result.older_than_seconds)} ago (before {when(result.cutoff)}): "
+             f"{verb} {result.purged} message(s) for good{dry_run_note(result.dry_run)}"]
     if result.skipped_moved_since:
         lines.append(f"  skipped {result.skipped_moved_since}: no longer where this interrupted purge's plan found "
                      "them (redriven, or taken by a cycle, since): kept")

@@ -7,20 +7,20 @@ import json
 from poison_pipeline.domain.durations import when
 from poison_pipeline.operations.ramp import RampResult
 from poison_pipeline.operations.redrive import RedriveResult
-from poison_pipeline.text.render import breakdown
+from poison_pipeline.text.render import action_named, breakdown, dry_run_note
 
 
 def format_redrive(result: RedriveResult) -> str:
     verb = "would move" if result.dry_run else "moved"
-    head = (f"redrive {result.redrive_id}: {result.queue}/{result.source} -> {result.target}/inbound: "
-            f"{verb} {result.moved} of {result.selected} selected")
+    head = (f"{action_named('redrive', result.redrive_id, dry_run=result.dry_run)}: {result.queue}/{result.source} "
+            f"-> {result.target}/inbound: {verb} {result.moved} of {result.selected} selected")
     if result.already_done and result.abandoned:
         return (f"redrive {result.redrive_id} was abandoned: killed before it planned anything, it moved nothing "
                 "and a cycle closed it; nothing moved now (give another --id to redrive again)")
     if result.already_done:
         return (f"redrive {result.redrive_id} already completed: nothing moved now "
                 "(give another --id to redrive again)")
-    lines = [head + (" (dry run: no table changed)" if result.dry_run else "")]
+    lines = [head + dry_run_note(result.dry_run)]
     if result.as_recorded:
         recorded = ", ".join(f"{k} {json.dumps(v)}" for k, v in sorted(result.as_recorded.items()))
         lines.append(f"  completed as it was recorded when it was interrupted ({recorded}), not as this "

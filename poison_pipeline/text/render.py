@@ -18,6 +18,20 @@ def render(table: Table) -> str:
     return written.getvalue().rstrip("\n")
 
 
+# A dry run records no action: it is named so, never by an id that `undo` or `actions` would not know.
+DRY_RUN = "(dry run)"
+DRY_RUN_NOTE = " (dry run: no table changed, no action recorded)"
+
+
+def action_named(kind: str, action_id: str | None, *, dry_run: bool) -> str:
+    """How a command's first line names the action it did or, in a dry run, would do."""
+    return f"{kind} {DRY_RUN}" if dry_run else f"{kind} {action_id or ''}".rstrip()
+
+
+def dry_run_note(dry_run: bool) -> str:
+    return DRY_RUN_NOTE if dry_run else ""
+
+
 def breakdown(by_group: dict[str, int], by_message_type: dict[str, int], sample_ids: list[str]) -> list[str]:
     """What an operator command takes, per failure group and per message type, with sample ids."""
     groups = Table("failure group", "messages", box=box.SIMPLE)
