@@ -99,3 +99,22 @@ def test_the_definitions_page_is_what_the_example_declaration_builds() -> None:
     checked = subprocess.run([sys.executable, str(ROOT / "tools" / "definitions_page.py"), "--check"],
                              capture_output=True, text=True, timeout=300)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_actions_page_lists_every_kind_the_ledger_records_and_which_a_kill_can_leave_half_done():
+    from poison_pipeline.operations.actions import KINDS, RESUMABLE
+
+    page = (DOCS / "guides" / "operating" / "actions.md").read_text()
+    listed = dict(re.findall(r"^\| `([a-z_]+)` \|.*\| (yes|no)\b", page, flags=re.MULTILINE))
+    assert set(listed) == set(KINDS)
+    assert {kind for kind, resumable in listed.items() if resumable == "yes"} == set(RESUMABLE)
+
+
+def test_the_keys_of_history_json_are_each_documented():
+    import dataclasses
+
+    from poison_pipeline.operations.history import JourneyEvent
+
+    section = (DOCS / "reference" / "cli.md").read_text().split("## history", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"`([a-z_]+)`", section))
+    assert {f.name for f in dataclasses.fields(JourneyEvent)} <= documented

@@ -27,6 +27,7 @@ and the code disagree.
 
 def render() -> str:
     from poison_pipeline.defs.component import PoisonQueuesComponent
+    from poison_pipeline.defs.naming import simulation_asset_key
     from poison_pipeline.domain.declaration import load_declaration
 
     declaration = load_declaration(ROOT / "poison_pipeline.yaml", import_code=False)
@@ -48,6 +49,11 @@ def render() -> str:
     for job in sorted(repository.get_all_jobs(), key=lambda j: j.name):
         if not job.name.startswith("__"):  # Dagster's own asset job
             add(queue_of(job.name), "job", job.name, job.description)
+    for queue in declaration.queues:
+        # Materialized by a job, not defined: it is in no asset graph, so it is listed here.
+        add(queue, "reported asset", simulation_asset_key(queue).to_user_string(),
+            f"The report of the latest `{queue}__simulate` run (a Markdown table and the counts), recorded by that "
+            "job; not in the asset graph.")
     for sensor in sorted(repository.sensor_defs, key=lambda s: s.name):
         add(queue_of(sensor.name), "sensor", sensor.name, sensor.description)
     for schedule in sorted(repository.schedule_defs, key=lambda s: s.name):
