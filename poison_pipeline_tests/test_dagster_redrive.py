@@ -143,7 +143,8 @@ def test_a_dry_run_reports_what_would_move_and_changes_no_table(lake):
             partition_key=day(1))
     assert result.success and table_versions(lake) == before
     seen = metadata(result)
-    assert (seen["dry_run"], seen["moved"], seen["sample_ids"]) == (True, 1, ["d1-withdrawal"])
+    assert (seen["dry_run"], seen["would_move"], seen["sample_ids"]) == (True, 1, ["d1-withdrawal"])
+    assert "moved" not in seen  # a dry run moved nothing
     assert seen["by_message_type"] == {"withdrawal": 1} and sum(seen["by_group"].values()) == 1
     assert seen["redrive_ids"] == []
 
@@ -157,7 +158,8 @@ def test_a_failure_group_selects_its_rows_in_every_source_table_that_has_them(la
             instance=instance, run_config=run_config(OP, {"dry_run": True, "group": group}), tags=days(0, 2))
     seen = metadata(result, partitions=3)
     assert seen["by_group"] == {group: 3} and seen["by_message_type"] == {"withdrawal": 3}
-    assert seen["by_source"] == {"poison": {"moved": 2, "selected": 2}, "quarantine": {"moved": 1, "selected": 1}}
+    assert seen["by_source"] == {"poison": {"would_move": 2, "selected": 2},
+                                 "quarantine": {"would_move": 1, "selected": 1}}
 
 
 @pytest.mark.parametrize(("config", "says"), [

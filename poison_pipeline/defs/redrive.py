@@ -64,21 +64,22 @@ def _metadata(request: RedriveRequest, start: datetime, end: datetime, results: 
         by_group.update(result.by_group)
         by_type.update(result.by_message_type)
     total = lambda name: sum(getattr(r, name) for r in results)  # noqa: E731
+    # A dry run moves nothing: it says what would move, under its own name.
+    moved = "would_move" if request.dry_run else "moved"
     return {
         "dry_run": MetadataValue.bool(request.dry_run),
         "target": MetadataValue.text(f"{request.to or request.queue}/{INBOUND}"),
         "failed_from": MetadataValue.text(start.isoformat()),
         "failed_before": MetadataValue.text(end.isoformat()),
         "selected": MetadataValue.int(total("selected")),
-        # For a dry run, what would move.
-        "moved": MetadataValue.int(total("moved")),
+        moved: MetadataValue.int(total("moved")),
         "skipped_processed": MetadataValue.int(total("skipped_processed")),
         "skipped_loop_guard": MetadataValue.int(total("skipped_loop_guard")),
         "skipped_limit": MetadataValue.int(total("skipped_limit")),
         "by_group": MetadataValue.json(dict(by_group.most_common())),
         "by_message_type": MetadataValue.json(dict(by_type.most_common())),
         "sample_ids": MetadataValue.json([i for r in results for i in r.sample_ids][:SAMPLE]),
-        "by_source": MetadataValue.json({r.source: {"moved": r.moved, "selected": r.selected} for r in results}),
+        "by_source": MetadataValue.json({r.source: {moved: r.moved, "selected": r.selected} for r in results}),
         # The version of each source table the selection read: what `groups` showed, or the cut-off given.
         "source_versions": MetadataValue.json({r.source: r.source_version for r in results}),
         # Action ids for `undo` (nothing is recorded for a dry run or a table with nothing to move).
