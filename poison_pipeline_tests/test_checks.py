@@ -65,7 +65,7 @@ def test_every_check_passes_after_a_cycle_in_the_same_run(spark, make_declaratio
     steps = [e.step_key for e in result.all_events if e.is_step_start]
     assert steps == ["q__inbound", "q__checks"]  # the checks step runs once the cycle has committed
     checks = _checks(result)
-    assert set(checks) == {"inbound:conservation", "inbound:one_place", "poison:poison_growth",
+    assert set(checks) == {"inbound:conservation", "inbound:one_place", "inbound:user_code", "poison:poison_growth",
                            "dead_letter:dead_letter_growth", "inbound:oldest_waiting", "poison:oldest_waiting"}
     assert all(e.passed for e in checks.values()), {k: e.description for k, e in checks.items()}
     line = _meta(checks["inbound:conservation"])

@@ -3,7 +3,8 @@ the folder names, and a change to the console or the Dagster wiring cannot reach
 
 domain (the rules, no I/O) <- storage (tables and files) <- broker, engine (the cycle) <- operations
 (the operator console's actions) <- text (what an operator reads of their results) <- cli, defs
-(Dagster), runs (the run launcher), examples."""
+(Dagster), runs (the run launcher), examples; views (read only: what a declaration's code and a lake
+say) stand on domain and storage, beside the operations."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ ALLOWED = {
     "broker": {"domain", "storage", "handlers", "proc"},
     "engine": {"domain", "storage", "broker", "handlers", "proc"},
     "operations": {"domain", "storage", "broker", "engine", "handlers", "proc"},
+    "views": {"domain", "storage"},
     "text": {"domain", "operations"},
-    "cli": {"domain", "storage", "broker", "engine", "operations", "text", "handlers", "proc"},
-    "defs": {"domain", "storage", "broker", "engine", "operations", "text", "runs", "handlers", "proc"},
+    "cli": {"domain", "storage", "broker", "engine", "operations", "views", "text", "handlers", "proc"},
+    "defs": {"domain", "storage", "broker", "engine", "operations", "views", "text", "runs", "handlers", "proc"},
     "runs": {"domain", "storage", "engine", "cli", "handlers", "proc"},
 }
 

@@ -25,6 +25,7 @@ from deltalake.exceptions import DeltaError
 from poison_pipeline.cli import (
     actions,
     archive,
+    check,
     edit,
     enable,
     end_conversation,
@@ -61,7 +62,7 @@ __all__ = ["EXIT_BUSY", "EXIT_INCOMPLETE", "EXIT_OK", "EXIT_USAGE", "build_parse
 
 # In the order `--help` lists them.
 _COMMANDS = (enqueue, status, groups, inspect_message, edit, history, enable, redrive, purge, archive, undo, actions,
-             end_conversation, maintain, simulate)
+             end_conversation, maintain, simulate, check)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from typing import TypeAlias
 from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, load_declaration
 from poison_pipeline.domain.durations import parse_time
 from poison_pipeline.operations.actions import default_actor
+from poison_pipeline.views.user_code import CodeProblem, code_problem
 
 PROG = "poison-pipeline"
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
@@ -24,7 +25,7 @@ EXIT_CODES = """exit codes:
      conversation not found, a clean-up hook failed, storage failure; nothing selected
      to redrive or purge, or a purge not confirmed)
   2  usage or configuration error (unknown queue, missing file, invalid declaration,
-     invalid error code or description)
+     invalid error code or description; for check, code that cannot be imported)
   3  the queue is busy: another run held its lease for longer than lease.wait
      (the error names it: run id, host, pid, since when), or this command lost the
      lease to another run midway and stopped before committing more (run it again:
@@ -78,6 +79,17 @@ def declaration_of(args: argparse.Namespace, *, import_code: bool = False) -> De
     """The declaration `--config` names. Operator commands run no handler: the application's
     modules are imported only when `import_code` (a command that calls a hook)."""
     return load_declaration(args.config, import_code=import_code)
+
+
+def code_problems_of(declaration: Declaration, queues: list[str]) -> dict[str, CodeProblem]:
+    """The queues among `queues` whose code does not import in this Python environment."""
+    return {queue: problem for queue in queues if (problem := code_problem(declaration, queue))}
+
+
+def code_warning(problem: CodeProblem) -> str:
+    """What status and enqueue say of a queue whose code does not import."""
+    return (f"queue {problem.queue!r}: its code does not import here, so its cycles cannot run (its messages "
+            f"wait; `{PROG} check` gives the lines): {problem}")
 
 
 def check_queue(declaration: Declaration, queue: str) -> None:

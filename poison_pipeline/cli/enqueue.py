@@ -14,6 +14,9 @@ from poison_pipeline.cli.common import (
     UsageError,
     add_command,
     check_queue,
+    code_problems_of,
+    code_warning,
+    complain,
     declaration_of,
 )
 from poison_pipeline.operations.enqueue import enqueue_data, refused_path, write_refused
@@ -26,7 +29,9 @@ def add_parser(commands: Commands) -> None:
         "body_base64, encoding, conversation_id, sequence_number, enqueued_at, expires_at,\n"
         "sender, headers) and append the valid ones to the queue's inbound table in one commit.\n"
         "Each refused line is reported with its line number, message id and reason, and copied\n"
-        "to FILE.refused.jsonl beside the input (the .jsonl suffix replaced), so nothing is lost.",
+        "to FILE.refused.jsonl beside the input (the .jsonl suffix replaced), so nothing is lost.\n"
+        "When the queue's handler (or other code it names) does not import here, the messages are\n"
+        "still enqueued (they wait until it does) and a warning says so on stderr.",
         run,
     )
     sub.add_argument("file", metavar="FILE.jsonl",
@@ -53,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     result = enqueue_data(declaration, args.queue, _read(path))
     batch = f" (batch {result.batch_id})" if result.batch_id else ""
     print(f"enqueued {result.accepted} of {result.lines} messages into queue {args.queue!r}{batch}")
+    for problem in code_problems_of(declaration, [args.queue]).values():
+        complain(args, f"warning: {code_warning(problem)}")
     if not result.refused:
         return EXIT_OK
     for refusal in result.refused:

@@ -6,7 +6,17 @@ import argparse
 from dataclasses import asdict
 from datetime import UTC, datetime
 
-from poison_pipeline.cli.common import EXIT_OK, Commands, add_command, add_json, check_queue, declaration_of, print_json
+from poison_pipeline.cli.common import (
+    EXIT_OK,
+    Commands,
+    add_command,
+    add_json,
+    check_queue,
+    code_problems_of,
+    code_warning,
+    declaration_of,
+    print_json,
+)
 from poison_pipeline.operations.status import queue_status, undeclared_statuses
 from poison_pipeline.text.status import format_status
 
@@ -21,6 +31,8 @@ def add_parser(commands: Commands) -> None:
         "conversations were ended with an error (end-conversation), if any. Without --queue,\n"
         "also every queue the lake holds messages of that the declaration no longer names\n"
         "(NOT DECLARED: removed or renamed while they waited), with what to do.\n"
+        "Then a line per queue whose handler (or other code it names) does not import in this\n"
+        "Python environment: its cycles cannot run until it does (exit code still 0).\n"
         "Reads the Delta logs only (plus one narrow column where a file mixes reasons or\n"
         "dispositions); changes nothing.",
         run,
@@ -39,8 +51,12 @@ def run(args: argparse.Namespace) -> int:
     statuses = [queue_status(declaration, queue, now) for queue in queues]
     if args.queue is None:  # and the queues the lake holds messages of that are no longer declared
         statuses += undeclared_statuses(declaration, now)
+    broken = code_problems_of(declaration, queues)
     if args.json:
-        print_json({"checked_at": now, "queues": [asdict(s) for s in statuses]})
+        print_json({"checked_at": now, "queues": [asdict(s) for s in statuses],
+                    "code_problems": {queue: list(problem.lines) for queue, problem in broken.items()}})
     else:
         print(format_status(statuses))
+        for problem in broken.values():
+            print(code_warning(problem))
     return EXIT_OK

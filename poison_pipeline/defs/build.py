@@ -27,21 +27,25 @@ from poison_pipeline.defs.sensors import transmission_sensor, waiting_sensor
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.policy import OutageRecovery
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
+from poison_pipeline.views.user_code import code_problems
 
 
 def build_definitions(declaration: Declaration) -> Definitions:
+    """Every queue's definitions. A queue whose code does not import is kept: its sensors skip,
+    saying why, and its user_code check fails; the other queues run as declared."""
     assets: list[Any] = []
     checks: list[Any] = []
     jobs: list[Any] = []
     sensors: list[Any] = []
     schedules: list[Any] = []
+    broken = code_problems(declaration)
     for queue in declaration.queues:
         assets.extend(queue_assets(declaration, queue))
         checks.append(queue_checks(declaration, queue))
         after_cycle = check_keys(declaration, queue)
         for table in QueueTables.of(declaration, queue).waiting:
             jobs.append(cycle_job(queue, table, after_cycle))
-            sensors.append(waiting_sensor(declaration, queue, table))
+            sensors.append(waiting_sensor(declaration, queue, table, broken.get(queue)))
         jobs.append(cycle_job(queue, TRANSMISSION, after_cycle))
         sensors.append(transmission_sensor(declaration, queue))
         jobs.append(queue_disabled_job(declaration, queue))

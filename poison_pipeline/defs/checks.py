@@ -37,6 +37,11 @@ from poison_pipeline.operations.checks import (
     check_one_place,
 )
 from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
+from poison_pipeline.views.user_code import CodeProblem, code_problem
+
+# The check that the queue's handler, hooks and exception types import where its runs load (the
+# others are the product's own, operations/checks.py).
+USER_CODE = "user_code"
 
 _SEVERITY = {Severity.ERROR: AssetCheckSeverity.ERROR, Severity.WARN: AssetCheckSeverity.WARN}
 
@@ -59,6 +64,9 @@ def _specs(declaration: Declaration, queue: str) -> list[AssetCheckSpec]:
         AssetCheckSpec(DEAD_LETTER_GROWTH, asset=asset_key(queue, DEAD_LETTER),
                        description=f"Dead-letter grew by at most {thresholds.dead_letter_growth} messages "
                        "since the previous check."),
+        AssetCheckSpec(USER_CODE, asset=inbound,
+                       description="The queue's handler, hooks and exception types import (else no cycle of it "
+                       "runs and its sensors say why)."),
         *(AssetCheckSpec(OLDEST_WAITING, asset=asset_key(queue, table),
                          description=f"No message here has been due for longer than {thresholds.oldest_waiting}.")
           for table in waiting),
@@ -106,6 +114,23 @@ def _result(queue: str, outcome: CheckOutcome) -> AssetCheckResult:
     )
 
 
+def user_code_evaluation(queue: str, problem: CodeProblem | None) -> AssetCheckEvaluation:
+    """The user_code check of `queue`, as its inbound's sensor reports it (no run evaluates the
+    checks of a queue whose cycles cannot run)."""
+    return AssetCheckEvaluation(asset_key=asset_key(queue, INBOUND), check_name=USER_CODE, passed=problem is None,
+                                severity=AssetCheckSeverity.ERROR, description=_code_text(problem),
+                                metadata=_code_metadata(problem))
+
+
+def _code_text(problem: CodeProblem | None) -> str:
+    return "every handler, hook and exception type imports" if problem is None else f"does not import: {problem}"
+
+
+def _code_metadata(problem: CodeProblem | None) -> dict[str, MetadataValue]:
+    return {"summary": MetadataValue.text(_code_text(problem)),
+            "problems": _metadata(list(problem.lines) if problem else [])}
+
+
 def queue_checks(declaration: Declaration, queue: str) -> AssetChecksDefinition:
     specs = _specs(declaration, queue)
     thresholds = declaration.queue(queue).checks
@@ -130,6 +155,11 @@ def queue_checks(declaration: Declaration, queue: str) -> AssetChecksDefinition:
             if wanted(table, name):
                 previous = _previous_rows(context, AssetCheckKey(asset_key(queue, table), name))
                 yield _result(queue, check_growth(tables, name, threshold, previous))
+        if wanted(INBOUND, USER_CODE):
+            problem = code_problem(declaration, queue)
+            yield AssetCheckResult(asset_key=asset_key(queue, INBOUND), check_name=USER_CODE, passed=problem is None,
+                                   severity=AssetCheckSeverity.ERROR, description=_code_text(problem),
+                                   metadata=_code_metadata(problem))
         for table in tables.waiting:
             if wanted(table, OLDEST_WAITING):
                 yield _result(queue, check_oldest_waiting(tables, table, thresholds.oldest_waiting))

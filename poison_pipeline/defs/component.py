@@ -3,8 +3,10 @@
 
 The declaration's own pydantic model is the component's model, so `dg check yaml` checks the
 attributes against its JSON schema (fields, types, values) and loading them gives the same errors,
-rules included, as the command line. Templates (`{{ env.LAKE_ROOT }}`) are rendered before the
-declaration is read; a relative `lake_root` is the project's folder's.
+rules included, as the command line. The code the queues name is not imported to load: a queue whose
+handler does not import is contained (defs/build.py), and `poison-pipeline check` names it.
+Templates (`{{ env.LAKE_ROOT }}`) are rendered before the declaration is read; a relative `lake_root`
+is the project's folder's.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class PoisonQueuesComponent(dg.Component):
         raw = _written_attributes(context)
         if raw is None:  # built from a dict in Python (from_attributes_dict): the model is all there is
             raw = attributes.model_dump(mode="json", exclude_unset=True) if attributes is not None else {}
-        return cls(parse_declaration(raw, f"{context.path} (attributes)", Path(context.project_root)))
+        return cls(parse_declaration(raw, f"{context.path} (attributes)", Path(context.project_root),
+                                      import_code=False))
 
     def definitions(self) -> dg.Definitions:
         """The queues' Dagster definitions, without a component tree (`definitions.py` uses this)."""

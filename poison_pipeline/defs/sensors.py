@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 from dagster import (
+    AssetCheckEvaluation,
     DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
@@ -25,6 +26,7 @@ from dagster import (
     sensor,
 )
 
+from poison_pipeline.defs.checks import user_code_evaluation
 from poison_pipeline.defs.naming import PROBE_TAG, QUEUE_TAG, job_name, sensor_name
 from poison_pipeline.defs.waiting_runs import run_waiting
 from poison_pipeline.domain.declaration import Declaration
@@ -36,6 +38,7 @@ from poison_pipeline.storage.control import queue_state
 from poison_pipeline.storage.events import events_version
 from poison_pipeline.storage.faults import redacted_failures
 from poison_pipeline.storage.tables import ACTIONS, EVENTS, TRANSMISSION, QueueTables
+from poison_pipeline.views.user_code import CodeProblem
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,16 @@ def _minimum_interval(declaration: Declaration, queue: str, table: str) -> int:
     return look_every_seconds(declaration, queue, table) - _LOOP_SLACK_SECONDS
 
 
-def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDefinition:
+# The inbound sensor's cursor key for the user_code check it reported last: the problem's text, or
+# None once it reported the code importing again.
+_CODE_REPORTED = "user_code_reported"
+
+
+def waiting_sensor(declaration: Declaration, queue: str, table: str,
+                   code_problem: CodeProblem | None = None) -> SensorDefinition:
+    """The sensor of `queue`/`table`. With a `code_problem` (the queue's code does not import in the
+    code location) it requests nothing and says why; the inbound's sensor also reports the queue's
+    failing `user_code` check, once per problem, and its passing once the code imports again."""
     kind = "arrival" if table in (INBOUND, POISON) else "retry-cycle"
     job = job_name(queue, table)
 
@@ -215,20 +227,42 @@ def waiting_sensor(declaration: Declaration, queue: str, table: str) -> SensorDe
     )
     @redacted_failures()  # the daemon logs an error with its causes: no credentials in them
     def evaluate(context: SensorEvaluationContext) -> SensorResult:
-        if run_waiting(context.instance, job):
-            return SensorResult(skip_reason=SkipReason(f"a run of {job} waits to start: it takes what is due"))
-        tables = QueueTables.of(declaration, queue)
         cursor = parse_cursor(context.cursor)
+        reported = _code_reported(queue, table, cursor, code_problem)
+        if code_problem is not None:
+            return SensorResult(
+                skip_reason=SkipReason(f"{queue}'s code does not import, so no cycle of it runs: {code_problem}"),
+                cursor=json.dumps({**cursor, _CODE_REPORTED: str(code_problem)}, sort_keys=True),
+                asset_events=reported)
+        if run_waiting(context.instance, job):
+            return SensorResult(skip_reason=SkipReason(f"a run of {job} waits to start: it takes what is due"),
+                                asset_events=reported)
+        tables = QueueTables.of(declaration, queue)
         failed = run_ended_badly(context.instance, cursor.get("last_run_key"))
         decision = decide(tables, table, cursor, datetime.now(UTC), failed, declaration.queue(queue).policy)
         kept = json.dumps(decision.cursor, sort_keys=True)
         if decision.run_key is None:
-            return SensorResult(skip_reason=SkipReason(decision.skip), cursor=kept)
+            return SensorResult(skip_reason=SkipReason(decision.skip), cursor=kept, asset_events=reported)
         request = RunRequest(run_key=decision.run_key,
                              tags={QUEUE_TAG: queue, **({PROBE_TAG: "true"} if decision.probe else {})})
-        return SensorResult(run_requests=[request], cursor=kept)
+        return SensorResult(run_requests=[request], cursor=kept, asset_events=reported)
 
     return evaluate
+
+
+def _code_reported(queue: str, table: str, cursor: dict[str, Any], problem: CodeProblem | None
+                   ) -> list[AssetCheckEvaluation]:
+    """The user_code check evaluation the inbound's sensor reports now: a problem it has not
+    reported yet, or the code importing after it reported a problem. The cursor that decide()
+    writes drops the key, so a problem cleared is reported once."""
+    if table != INBOUND:
+        return []
+    said = cursor.get(_CODE_REPORTED)
+    if problem is not None and said != str(problem):
+        return [user_code_evaluation(queue, problem)]
+    if problem is None and said is not None:
+        return [user_code_evaluation(queue, None)]
+    return []
 
 
 def decide_transmission(declaration: Declaration, queue: str, cursor: dict[str, Any], now: datetime,
