@@ -145,8 +145,8 @@ def test_the_operator_tour_in_a_browser(failure_days, tmp_path: Path) -> None:
 
         def checks_shown() -> list[tuple[int, int]] | None:
             counts = [(int(a), int(b)) for a, b in re.findall(r"(\d+) / (\d+) Passed", browser.text())]
-            # inbound 3 (conservation, one_place, oldest_waiting), poison 2, retry_1 1, dead_letter 1
-            return counts if sorted(counts) == [(1, 1), (1, 1), (2, 2), (3, 3)] else None
+            # inbound 4 (conservation, one_place, user_code, oldest_waiting), poison 2, retry_1 1, dead_letter 1
+            return counts if sorted(counts) == [(1, 1), (1, 1), (2, 2), (4, 4)] else None
 
         browser.wait("every check of the graph to show passed", "1-asset-graph", checks_shown)
         browser.shot("1-asset-graph")
