@@ -4,7 +4,8 @@ Parsing a declaration checks how each path is written; importing what it names i
 own (`parse_declaration(..., import_code=True)`, what running queues needs): an operator command
 that runs no user code (`redrive`, `purge`) neither needs the application's modules nor runs their
 import-time code. `status`, `enqueue` and `check` import them to say which queue's code does not
-(views/user_code.py), as Dagster's definitions do, queue by queue. The choice travels in pydantic's validation context (`IMPORT_CODE`).
+(views/user_code.py), as Dagster's definitions do, queue by queue. The choice travels in pydantic's
+validation context (`IMPORT_CODE`).
 """
 
 from __future__ import annotations
