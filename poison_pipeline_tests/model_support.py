@@ -590,12 +590,19 @@ class Child:
             time.sleep(0.02)
         return "timeout"
 
-    def resume(self, timeout: float = 120.0) -> None:
-        os.kill(self.pid, signal.SIGCONT)
+    def resume(self, timeout: float = 120.0) -> bool:
+        """Continue a paused child and wait for it; False when it had ended while paused (its exit
+        code says how: a process may be killed at any time, paused or not)."""
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            self.process.join()
+            return False
         self.process.join(timeout)
         if self.process.is_alive():  # a resumed process that never ends is a failure the caller sees
             os.kill(self.pid, signal.SIGKILL)
             self.process.join()
+        return True
 
     def finish(self, timeout: float = 120.0) -> None:
         self.process.join(timeout)

@@ -67,6 +67,16 @@ def test_messages_differing_only_in_their_values_normalise_alike() -> None:
     assert normalise("no stock for 'SKU-1' in 'WH-2'") == normalise("no stock for 'X' in 'Y'")
 
 
+def test_a_missing_key_names_its_group_and_its_variable_parts_are_blanked() -> None:
+    """Two missing fields are two bugs; one missing SKU or another is one."""
+    sku, price = (describe(_caught(_raise, KeyError(k))) for k in ("sku", "price"))
+    assert sku.signature != price.signature
+    assert normalise(sku.message, sku.type) == "'sku'"
+    first, second = (describe(_caught(_raise, KeyError(k))) for k in ("SKU-17", "SKU-99"))
+    assert first.signature == second.signature
+    assert normalise(first.message, first.type) == "'SKU-<n>'"
+
+
 # -- the top frame: the handler's own code --------------------------------------------------------
 
 
@@ -233,7 +243,7 @@ def test_rows_group_by_signature_with_counts_times_types_and_latest_examples() -
     assert [(g.id, g.count) for g in groups] == [("01234567", 4), ("ce2e38dd", 2), ("78f563bd", 1), ("fedcba98", 1)]
     a = groups[0]
     assert (a.queue, a.table, a.signature, a.error_type, a.error_message) == \
-        ("q", "dead_letter", SIG_A, "KeyError", "<str>")
+        ("q", "dead_letter", SIG_A, "KeyError", "'SKU-<n>'")
     assert (a.first_failure_at, a.last_failure_at) == (T0 + timedelta(minutes=1), T0 + timedelta(minutes=5))
     assert a.message_types == {"order": 3, "refund": 1}
     assert a.reasons == {"rejected": 4}
@@ -289,7 +299,7 @@ def test_the_dead_letter_asset_carries_its_failure_groups(make_declaration) -> N
     metadata = {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
     assert (metadata["failure_groups"], metadata["failed_messages"], metadata["largest_failure_group"]) == (2, 3, 2)
     top = metadata["failure_groups_top"]
-    assert f"| 01234567@1 | {SIG_A} | 2 |" in top and "KeyError: &lt;str&gt;" in top
+    assert f"| 01234567@1 | {SIG_A} | 2 |" in top and "KeyError: 'SKU-&lt;n&gt;'" in top
 
 
 # -- a real cycle: two bugs, two groups -------------------------------------------------------------
@@ -339,7 +349,7 @@ def test_two_bugs_make_two_groups_named_by_the_handlers_frames(lake: Path) -> No
     found = _by_error(groups)
     parse, price = found[PARSE_BUG], found[PRICE_BUG]
     assert parse.error_message == "Expecting property name enclosed in double quotes: line <n> column <n> (char <n>)"
-    assert price.error_message == "<str>"
+    assert price.error_message == "'SKU-<n>'"  # the missing key, its number blanked
     assert sorted(parse.example_ids) == ["p-1", "p-2", "p-3"] and sorted(price.example_ids) == ["s-1", "s-2"]
     assert parse.message_types == {"order": 2, "refund": 1} and price.message_types == {"order": 2}
     assert parse.first_failure_at is not None and parse.first_failure_at <= parse.last_failure_at

@@ -562,7 +562,8 @@ class LakeModel(RuleBasedStateMachine):
         taker = self.run("cycle", {"queue": queue, "table": "inbound", "run_id": "taker"})
         self.cycle_done(queue, "inbound", taker)
         resumed_at = time.time()
-        child.resume()
+        if not child.resume():
+            COUNTS[f"model paused children ended before their resume (exit {child.process.exitcode})"] += 1
         self.trace(f"pause@{at} {op}", args, " | ".join(child.lines())[-400:])
         self.paused[child.pid] = resumed_at
         self.mark_interrupted(op, args)

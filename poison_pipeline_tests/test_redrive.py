@@ -243,10 +243,24 @@ def test_a_failure_group_from_groups_selects_what_redrive_moves(lake):
     result = redrive_table(declaration, "q", "poison", Selection(group=down.id))
     assert result.moved == 3 and sorted(inbound(declaration)) == ["db-0", "db-1", "db-2"]
     assert result.by_group == {down.id: 3}
+    # The group's messages all left: a second redrive of it has nothing to move, and changes nothing.
     before = table_versions(declaration)
-    with pytest.raises(SelectionError, match="--group"):
-        redrive_table(declaration, "q", "poison", Selection(group="0000beef"))
+    assert redrive_table(declaration, "q", "poison", Selection(group=down.id)).moved == 0
     assert table_versions(declaration) == before
+    with pytest.raises(SelectionError, match="--group failure group 'nope': not a group id"):
+        redrive_table(declaration, "q", "poison", Selection(group="nope"))
+
+
+def test_redrive_of_a_group_whose_messages_all_left_exits_1_nothing_to_move(lake, tmp_path, capsys):
+    declaration, _ = lake
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps(json.loads(declaration.model_dump_json())))
+    [down] = [g for g in failure_groups(declaration, "q", "poison") if g.error_type.endswith("DependencyDown")]
+    assert cli.main(["--config", str(config), "redrive", "q", "--from", "poison", "--group", down.id]) == cli.EXIT_OK
+    capsys.readouterr()
+    assert cli.main(["--config", str(config), "redrive", "q", "--from", "poison", "--group", down.id]) == \
+        cli.EXIT_INCOMPLETE
+    assert "nothing to move" in capsys.readouterr().err
 
 
 def test_a_redrive_against_a_running_cycle_waits_then_fails_naming_it_and_changes_nothing(spark, lake, tmp_path):

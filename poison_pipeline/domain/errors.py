@@ -15,6 +15,8 @@ from poison_pipeline.domain.policy import Rule, Unrecoverable
 _NUMBERS = re.compile(r"\b\d+(\.\d+)?\b")
 _HEX = re.compile(r"\b[0-9a-fA-F]{8,}(-[0-9a-fA-F]{4,})*\b")
 _QUOTED = re.compile(r"(?<!\w)'[^']*'|\"[^\"]*\"")
+# Errors whose whole message is one quoted key (see normalise).
+_KEYED = frozenset({"KeyError"})
 # A word with a digit in it, left once the numbers are blanked: an id such as ORD1234, 0xff, a1b2c3.
 _WITH_DIGIT = re.compile(r"\b\w*\d\w*\b")
 
@@ -32,11 +34,13 @@ class ErrorInfo:
     code: str | None
 
 
-def normalise(message: str) -> str:
+def normalise(message: str, error_type: str | None = None) -> str:
     """A message with its variable parts blanked, for grouping: quoted values become <str>, hex ids
-    (8+ hex digits, UUIDs) and words with a digit in them <id>, numbers <n>."""
+    (8+ hex digits, UUIDs) and words with a digit in them <id>, numbers <n>. A KeyError's message is
+    the missing key alone, which names the bug (a field the handler expects), so its quotes stay."""
     text = _HEX.sub("<id>", message)
-    text = _QUOTED.sub("<str>", text)
+    if not (error_type in _KEYED and _QUOTED.fullmatch(text)):
+        text = _QUOTED.sub("<str>", text)
     text = _NUMBERS.sub("<n>", text)
     return _WITH_DIGIT.sub("<id>", text)[:500]
 
@@ -210,7 +214,7 @@ def describe(error: BaseException, own_package: str | None = None) -> ErrorInfo:
         type=kind,
         message=message,
         stack=_stack(error, frames, text)[-8000:],
-        signature=signature_of(kind, normalise(message), top),
+        signature=signature_of(kind, normalise(message, kind), top),
         code=code_text,
     )
     if cacheable:

@@ -64,9 +64,11 @@ class GroupNote:
 class UnknownGroup(LookupError):  # noqa: N818 - reads as what the operator asked for
     """No row of the tables searched is in the group asked for (or the id is not a group id)."""
 
-    def __init__(self, group_id: str, detail: str) -> None:
+    def __init__(self, group_id: str, detail: str, *, gone: bool = False) -> None:
         super().__init__(f"failure group {group_id!r}: {detail}")
         self.group_id = group_id
+        # A group id no table has rows of any more: its messages left (or it never failed here).
+        self.gone = gone
 
 
 @dataclass(frozen=True)
@@ -107,11 +109,13 @@ def top_frame_of(error_type: str | None, message: str | None, stack: str | None,
     recomputing the signature with each; None when no frame gives it."""
     if error_type is None or signature is None:
         return None
-    normalised = normalise(message or "")
+    # A KeyError recorded before its key was kept was signed with the key blanked.
+    forms = dict.fromkeys((normalise(message or "", error_type), normalise(message or "")))
     candidates = [frame_name(m["file"], m["function"].strip()) for m in _STACK_FRAME.finditer(stack or "")]
     for candidate in [*reversed(candidates), ""]:
-        if signature_of(error_type, normalised, candidate) == signature:
-            return candidate
+        for normalised in forms:
+            if signature_of(error_type, normalised, candidate) == signature:
+                return candidate
     return None
 
 
@@ -214,7 +218,7 @@ def _group(queue: str, table: str, summary: _Summary,
         table=table,
         signature=signature,
         error_type=kind,
-        error_message=None if message is None else normalise(message),
+        error_message=None if message is None else normalise(message, kind),
         top_frame=top_frame_of(kind, message, error.get("last_error_stack"), signature),
         count=summary.count,
         first_failure_at=summary.first,
@@ -421,7 +425,7 @@ def select_group(declaration: Declaration, group: str, queue: str, table: str) -
         elsewhere = []
     hint = f"; it has rows in {', '.join(elsewhere)}" if elsewhere else \
         "; no table has rows in it (`poison-pipeline groups` lists the groups)"
-    raise UnknownGroup(group, f"no row of {table} in queue {queue!r} is in this group{hint}")
+    raise UnknownGroup(group, f"no row of {table} in queue {queue!r} is in this group{hint}", gone=not elsewhere)
 
 
 def group_filter(declaration: Declaration, group: str, queue: str, table: str) -> pads.Expression:

@@ -204,6 +204,8 @@ def selected_at(declaration: Declaration, queue: str, table: str, selection: Sel
         try:
             in_group = group_filter(declaration, selection.group, queue, table)
         except UnknownGroup as error:
+            if error.gone:  # nothing to take, as for any filter that selects no row
+                return schema.empty_table(), target.version()
             raise SelectionError(f"--group {error}") from None
         expression = in_group if expression is None else expression & in_group
     # pyarrow evaluates the filter as it scans, releasing the GIL: the lease renewal keeps running.
