@@ -79,6 +79,11 @@ def test_a_ramp_stops_on_the_first_step_that_fails_again_and_parks_it(spark, poi
     run_cycle(spark, declaration, "q", "inbound")  # d0 fails again and waits in retry_1; the ramp stops
     ramp = ramp_of(config, "r1")
     assert (ramp.state, ramp.counts["stopped_at_step"], ramp.counts["parked"]) == (DONE, 1, 1)
+    # Asked again, the stopped ramp names the message that failed again, as its ledger counts it.
+    again = redrive(declaration, RedriveRequest(queue="q", source_tables=["poison"], ramp=["1", "3", "all"],
+                                                id="r1")).ramp
+    assert again is not None and (again.state, again.failed_again) == ("stopped", ["d0"])
+    assert ramp.counts["failed_again"] == 1
     # Parked: back in poison from retry_1; the rest never left.
     assert places(declaration) == {f"d{i}": ["poison"] for i in range(6)}
     [parked] = [r for r in QueueTables.of(declaration, "q").open("poison").to_pyarrow_table().to_pylist()

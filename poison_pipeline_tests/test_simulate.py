@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,19 @@ def test_the_cli_prints_the_report_and_its_json_and_refuses_a_bad_policy_file(la
     assert "'soon' is not a duration" in capsys.readouterr().err
     assert versions == {t: QueueTables.of(load_declaration(str(lake)), "q").open(t).version()
                         for t in ("attempts", "poison")}
+
+
+def test_messages_the_poison_queue_quarantined_are_shown_quarantined_on_both_sides(lake: Path, spark,
+                                                                                   tmp_path: Path):
+    copy = tmp_path / "copy"
+    shutil.copytree(lake.parent, copy)
+    declaration = load_declaration(str(copy / lake.name))
+    run_cycle(spark, declaration, "q", "poison")  # no poison handler: both poisoned messages to quarantine
+    assert places(declaration)["bad"] == ["quarantine"]
+    found = simulate(declaration, "q", declaration.queue("q").policy)
+    assert found.simulated == found.recorded == {"processed": 5, "quarantined": 2, "waiting": 1}
+    assert found.changed == 0
+    # A candidate whose journey ends elsewhere is compared with the journey, not the quarantine.
+    stricter = Policy.model_validate({"receive_retry_count": 0, "max_retry_cycles": 0,
+                                      "receive_error_handling": "reject"})
+    assert simulate(declaration, "q", stricter).changed == 5

@@ -55,6 +55,8 @@ __all__ = ["RAMP", "RampResult", "advance_ramp", "advance_ramps", "complete_inte
 RAMP = "ramp"
 RUNNING, COMPLETED, STOPPED = "running", "completed", "stopped"
 PARKED_REASON = "failed again after redrive"
+# The ids of the messages that failed again, as the ledger keeps them with a finished ramp.
+FAILED_IDS_KEPT = 100
 
 
 @dataclass
@@ -153,7 +155,8 @@ def advance_ramp(declaration: Declaration, writer: QueueWriter, action: Action, 
     failed = _failed_again(tables, ids, sub.finished_at or sub.at)
     if len(failed) > most:
         parked = _park(writer, source, failed, action.action_id)
-        record.finish({"stopped_at_step": step, "failed_again": len(failed), "parked": parked,
+        record.finish({"stopped_at_step": step, "failed_again": len(failed),
+                       "failed_again_ids": failed[:FAILED_IDS_KEPT], "parked": parked,
                        "sent": _moved(tables, action.action_id, step)}, [(tables, source), (tables, INBOUND)])
         return _result(action, rows, STOPPED, step=step, failed=failed, parked=parked)
     return _send(declaration, record, rows, step + 1, run_id, failed)
@@ -191,6 +194,7 @@ def _send(declaration: Declaration, record: Recorded, rows: pa.Table, first: int
             return _result(action, rows, RUNNING, step=step, waiting=_waiting(tables, redrive_id))
     last = first - 1
     record.finish({"completed_steps": last, "failed_again": len(failed or []),
+                   "failed_again_ids": (failed or [])[:FAILED_IDS_KEPT],
                    "sent": _moved(tables, action.action_id, last)}, [(tables, args["from"]), (tables, INBOUND)])
     return _result(action, rows, COMPLETED, step=last, failed=failed)
 
@@ -282,5 +286,5 @@ def _result(action: Action, rows: pa.Table | None, state: str, *, step: int = 0,
         selected=rows.num_rows if rows is not None else int(counts.get("sent", 0)),
         step=step or int(counts.get("stopped_at_step", counts.get("completed_steps", 0))),
         sent=_sent(rows, step) if rows is not None else int(counts.get("sent", 0)),
-        waiting=waiting, failed_again=failed or [], parked=parked or int(counts.get("parked", 0)),
+        waiting=waiting, failed_again=failed or list(counts.get("failed_again_ids", [])), parked=parked or int(counts.get("parked", 0)),
         max_failures=int(args["max_failures"]))

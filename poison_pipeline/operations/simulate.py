@@ -79,7 +79,8 @@ def simulate(declaration: Declaration, queue: str, policy: Policy, *, since: dat
     journeys = _Journeys(attempts)
     classifier = RecordedClassifier(policy.unrecoverable, policy.rules)
     failing = journeys.failing()
-    recorded = _recorded(tables, journeys, failing)
+    recorded, quarantined = _recorded(tables, journeys, failing)
+    poison = declaration.queues[queue].poison_queue
     firsts = journeys.first_success()
     done = int(firsts.sum())
     # Most journeys succeeded at their first attempt: processed under any policy, counted in columns.
@@ -93,8 +94,13 @@ def simulate(declaration: Declaration, queue: str, policy: Policy, *, since: dat
     for index, (tried, signature) in zip(failing.tolist(), journeys.tried(failing, classifier), strict=True):
         message = journeys.ids[journeys.starts[index]]
         fate = replay(policy, message, tried, finished=recorded[message] != Fates.WAITING)
+        # Compared as journeys through the application queue; shown as where the message is: one the
+        # poison queue quarantined since (it has no handler) is quarantined, and so is its simulated
+        # journey if that also ends in poison.
+        shown = Fates.QUARANTINED if message in quarantined and poison.handler is None else recorded[message]
+        simulated = shown if fate.outcome == recorded[message] == Fates.POISONED else fate.outcome.value
         for name, value in (("message_id", message), ("group", group_id(signature) if signature else NO_GROUP),
-                            ("fate", fate.outcome.value), ("recorded", recorded[message]),
+                            ("fate", simulated), ("recorded", shown),
                             ("attempts", fate.attempts), ("seconds", fate.seconds), ("assumed", fate.assumed > 0),
                             ("changed", recorded[message] not in (REDRIVEN, ELSEWHERE)
                              and recorded[message] != fate.outcome.value)):
@@ -228,8 +234,9 @@ class _Journeys:
         return str(self.attempts["table"][int(self.ends[index]) - 1].as_py())
 
 
-def _recorded(tables: QueueTables, journeys: _Journeys, failing: np.ndarray) -> dict[str, str]:
-    """Where each failing message's first journey was recorded to end (`Fates`, or REDRIVEN, ELSEWHERE)."""
+def _recorded(tables: QueueTables, journeys: _Journeys, failing: np.ndarray) -> tuple[dict[str, str], set[str]]:
+    """Where each failing message's first journey was recorded to end (`Fates`, or REDRIVEN, ELSEWHERE),
+    and the messages quarantined by the poison queue since."""
     wanted = pa.array(sorted({journeys.ids[journeys.starts[i]] for i in failing.tolist()}), pa.string())
     places: dict[str, str] = {}
 
@@ -246,8 +253,11 @@ def _recorded(tables: QueueTables, journeys: _Journeys, failing: np.ndarray) -> 
             places[row["message_id"]] = Fates.POISONED
         elif row["disposition"] == "dropped":
             places[row["message_id"]] = Fates.DROPPED
+    quarantined: set[str] = set()
     for row in rows(QUARANTINE, ["message_id", "from_table"]):
         places[row["message_id"]] = Fates.POISONED if row["from_table"] == POISON else Fates.QUARANTINED
+        if row["from_table"] == POISON:
+            quarantined.add(row["message_id"])
     for row in rows(DEAD_LETTER, ["message_id", "from_table"]):
         places[row["message_id"]] = Fates.POISONED if row["from_table"] == POISON else Fates.DEAD_LETTERED
     for row in rows(POISON, ["message_id"]):
@@ -267,7 +277,7 @@ def _recorded(tables: QueueTables, journeys: _Journeys, failing: np.ndarray) -> 
             place = (ELSEWHERE if where is None else Fates.FAULTED if where == journeys.last_table(index)
                      else Fates.WAITING)
         fates[message] = place
-    return fates
+    return fates, quarantined & {m for m, fate in fates.items() if fate == Fates.POISONED}
 
 
 def _message_types(tables: QueueTables, journeys: _Journeys) -> pa.Table:
