@@ -18,6 +18,7 @@ from poison_pipeline.operations.inspect_message import AsOfError, inspect_messag
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive_table
 from poison_pipeline.operations.selection import Selection
+from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline_tests.support import table_versions
 
@@ -73,6 +74,23 @@ def test_edits_appear_on_the_timeline(spark, journey, tmp_path):
     edited = events[4]
     assert edited.action_id == result.edit_id and edited.actor == "carol"
     assert events[5].action_id == result.redrive_id
+
+
+def test_an_undone_redrive_stays_on_the_timeline_with_its_undo(journey):
+    declaration, _, _, _ = journey
+    result = redrive_table(declaration, "q", "poison", Selection(message_type="refund"), actor="dave", redrive_id="fix")
+    assert result.moved == 1
+    undone = undo_action(declaration, "fix", actor="erin")
+    assert undone.restored == 1
+    events = history(declaration, "m-2").events
+    redriven = [e for e in events if e.kind == "redriven"]
+    assert [(e.action_id, e.actor) for e in redriven] == [("fix", "dave")]
+    assert "(undone)" in redriven[0].detail
+    [back] = [e for e in events if e.kind == "undone"]
+    assert (back.actor, back.table, back.action_id) == ("erin", "poison", undone.undo_id)
+    assert events.index(back) > events.index(redriven[0])
+    # The other message's journey does not take this redrive for its own.
+    assert "fix" not in [e.action_id for e in history(declaration, "m-1").events]
 
 
 def test_inspect_as_of_shows_an_earlier_copy(journey):

@@ -24,12 +24,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow.dataset as pads
+from deltalake import DeltaTable
 
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.durations import spoken, when
 from poison_pipeline.domain.names import BatchName
 from poison_pipeline.domain.routing import DEAD_LETTER, POISON, PROCESSED, QUARANTINE
-from poison_pipeline.operations.actions import list_actions
+from poison_pipeline.operations.actions import DONE, UNDONE, Action, list_actions
 from poison_pipeline.storage.tables import ARCHIVED, ATTEMPTS, EDITS, QueueTables
 
 PURGED = "purged"
@@ -193,22 +194,52 @@ def _attempt(queue: str, row: dict[str, Any]) -> JourneyEvent:
 
 
 def _redrives(declaration: Declaration, message_id: str, batches: set[str]) -> list[JourneyEvent]:
+    """The redrives that took the message (named by id, or by the batch of its copy) and the undos
+    of those; an undone redrive left no copy, so the versions it recorded say whether it took it."""
     found = []
-    for action in list_actions(declaration):
+    actions = list_actions(declaration)
+    undos = {a.arguments.get("action_id"): a for a in actions if a.kind == "undo" and a.state == DONE}
+    for action in actions:
         if action.kind != "redrive":
             continue
         args = action.arguments
         named = message_id in (args.get("selection", {}).get("ids") or []) or message_id in (args.get("replaced") or [])
         by_batch = any((name := BatchName.parse(b)) is not None and name.action_id == action.action_id
                        for b in batches)
-        if not (named or by_batch):
+        if not (named or by_batch or (action.state == UNDONE and _took(declaration, action, message_id))):
             continue
         target = args.get("to") or action.queue
         found.append(JourneyEvent(
             action.at, "redriven", action.queue, "inbound",
             f"from {action.queue}/{args.get('from')} to {target}/inbound ({action.state})",
             action_id=action.action_id, actor=action.actor, run_id=action.run_id, from_table=args.get("from")))
+        undo = undos.get(action.action_id)
+        if undo is not None:
+            found.append(JourneyEvent(
+                undo.at, "undone", action.queue, args.get("from"),
+                f"redrive {action.action_id} undone: back in {action.queue}/{args.get('from')}",
+                action_id=undo.action_id, actor=undo.actor, run_id=undo.run_id))
     return found
+
+
+def _took(declaration: Declaration, action: Action, message_id: str) -> bool:
+    """Whether the redrive `action` took the message from its source: there at the version before
+    it, gone at the version after (the redrive held the queue's lease in between)."""
+    source = action.arguments.get("from")
+    versions = action.versions.get(f"{action.queue}/{source}") or {}
+    if source is None or versions.get("before") is None or versions.get("after") is None:
+        return False
+    tables = QueueTables.of(declaration, action.queue)
+    try:
+        return (_holds(tables, source, int(versions["before"]), message_id)
+                and not _holds(tables, source, int(versions["after"]), message_id))
+    except Exception:  # noqa: BLE001 - a version vacuumed since: the journey goes on without it
+        return False
+
+
+def _holds(tables: QueueTables, table: str, version: int, message_id: str) -> bool:
+    old = DeltaTable(tables.uri(table), version=version, storage_options=tables.storage_options)
+    return old.to_pyarrow_dataset().count_rows(filter=pads.field("message_id") == message_id) > 0
 
 
 def _with_moves(keyed: list[tuple[Any, JourneyEvent]]) -> list[tuple[Any, JourneyEvent]]:
