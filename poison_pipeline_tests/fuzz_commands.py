@@ -35,6 +35,9 @@ FIELDS: dict[str, str] = {
     "queues.q.handler": "callable", "queues.q.on_conversation_end": "callable", "queues.q.message_types": "list",
     "queues.q.sends_to": "list", "queues.q.retention": "retention", "queues.q.checks.poison_growth": "int",
     "queues.q.checks.dead_letter_growth": "int", "queues.q.checks.oldest_waiting": "duration",
+    "queues.q.checks.oldest_waiting.error": "duration",
+    **{f"queues.q.checks.{table}.{level}": "int" for table in ("poison", "dead_letter", "quarantine")
+       for level in ("warn", "error")},
     **{f"queues.q.policy.{name}": kind for name, kind in _POLICY.items()},
     "queues.q.poison_queue.handler": "callable", "queues.q.poison_queue.receive_retry_count": "int",
     "queues.q.poison_queue.receive_error_handling": "enum", "queues.q.poison_queue.handler_timeout": "duration",

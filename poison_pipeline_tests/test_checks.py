@@ -14,7 +14,7 @@ from deltalake import write_deltalake
 
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import job_name
-from poison_pipeline.domain.declaration import Declaration, DeclarationError
+from poison_pipeline.domain.declaration import AgeLevels, Declaration, DeclarationError
 from poison_pipeline.operations.checks import (
     POISON_GROWTH,
     check_conservation,
@@ -25,6 +25,7 @@ from poison_pipeline.operations.checks import (
 from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import redrive_table
+from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage import schemas
 from poison_pipeline.storage.control import set_enabled
@@ -66,8 +67,12 @@ def test_every_check_passes_after_a_cycle_in_the_same_run(spark, make_declaratio
     assert steps == ["q__inbound", "q__checks"]  # the checks step runs once the cycle has committed
     checks = _checks(result)
     assert set(checks) == {"inbound:conservation", "inbound:one_place", "inbound:user_code", "poison:poison_growth",
-                           "dead_letter:dead_letter_growth", "inbound:oldest_waiting", "poison:oldest_waiting"}
-    assert all(e.passed for e in checks.values()), {k: e.description for k, e in checks.items()}
+                           "dead_letter:dead_letter_growth", "inbound:oldest_waiting", "poison:oldest_waiting",
+                           "poison:depth", "dead_letter:depth", "quarantine:depth"}
+    # The poisoned message is a warning on poison (by default any failed message is) until it leaves.
+    failing = {k: e.severity for k, e in checks.items() if not e.passed}
+    assert failing == {"poison:depth": AssetCheckSeverity.WARN}, {k: e.description for k, e in checks.items()}
+    assert _meta(checks["poison:depth"])["messages"] == 1
     line = _meta(checks["inbound:conservation"])
     # It saw the tables after the cycle: two processed, one poisoned.
     assert line["accepted"] == line["accounted"] == 3
@@ -143,11 +148,43 @@ def test_an_old_due_message_on_a_disabled_queue_warns_oldest_waiting(spark, make
     assert checks["inbound:conservation"].passed
 
 
+def test_a_failure_table_s_depth_turns_yellow_then_red_and_green_once_its_messages_leave(spark, make_declaration):
+    declaration = _declare(make_declaration, checks={"poison": {"warn": 1, "error": 3}, "quarantine": None})
+    send(declaration, {f"bad-{i}": {"fail": True} for i in range(2)})
+    with DagsterInstance.ephemeral() as instance:
+        first = _checks(_cycle(declaration, instance))
+        assert (first["poison:depth"].passed, first["poison:depth"].severity) == (False, AssetCheckSeverity.WARN)
+        assert "2 message(s) in poison (warn 1, error 3): at the warn level" in first["poison:depth"].description
+        assert first["quarantine:depth"].passed and "no levels" in first["quarantine:depth"].description
+        send(declaration, {"bad-2": {"fail": True}})
+        second = _checks(_cycle(declaration, instance))["poison:depth"]
+        assert (second.passed, second.severity, _meta(second)["messages"]) == (False, AssetCheckSeverity.ERROR, 3)
+        assert redrive_table(declaration, "q", "poison", Selection()).moved == 3
+        set_enabled(QueueTables.of(declaration, "q"), False, "ops", "the fix is deploying")
+        third = _checks(_cycle(declaration, instance))["poison:depth"]
+    assert third.passed and _meta(third)["messages"] == 0
+
+
+def test_two_level_oldest_waiting_errors_past_its_error_level(make_declaration):
+    declaration = _declare(make_declaration, checks={"oldest_waiting": {"warn": "15m", "error": "1h"}})
+    now = datetime.now(UTC)
+    enqueue(declaration, "q", [{"message_id": "old", "message_type": "test", "body": {}}], now=now)
+    tables = QueueTables.of(declaration, "q")
+    levels = declaration.queue("q").checks.oldest_waiting
+    found = [check_oldest_waiting(tables, "inbound", levels, now + timedelta(minutes=m)) for m in (10, 20, 90)]
+    assert [(f.passed, f.severity.value) for f in found] == [(True, "error"), (False, "warn"), (False, "error")]
+    assert "(warn 0:15:00, error 1:00:00): at the error level" in found[2].description
+
+
 @pytest.mark.parametrize(("checks", "message"), [
     ({"poison_growth": -1}, "queues.q.checks.poison_growth = -1: a growth threshold is a number of messages"),
-    ({"oldest_waiting": "0s"}, "queues.q.checks.oldest_waiting = '0s': oldest_waiting must be a positive"),
-    ({"oldest_waiting": "soon"}, "queues.q.checks.oldest_waiting = 'soon': 'soon' is not a duration"),
+    ({"oldest_waiting": "0s"}, "queues.q.checks.oldest_waiting.warn = '0s': oldest_waiting must be a positive"),
+    ({"oldest_waiting": "soon"}, "queues.q.checks.oldest_waiting.warn = 'soon': 'soon' is not a duration"),
     ({"dead_letter_growht": 5}, "queues.q.checks.dead_letter_growht = 5: Extra inputs are not permitted"),
+    ({"quarantine": {"warn": 10, "error": 2}}, "queues.q.checks.quarantine = {'warn': 10, 'error': 2}: error (2) is "
+     "below warn (10)"),
+    ({"poison": {"warn": 0}}, "queues.q.checks.poison.warn = 0: a level is a number of messages, 1 or more"),
+    ({"oldest_waiting": {"warn": "1h", "error": "1m"}}, "error (0:01:00) is below warn (1:00:00)"),
 ])
 def test_check_thresholds_are_validated_with_the_field_and_rule(make_declaration, checks, message):
     with pytest.raises(DeclarationError) as error:
@@ -158,10 +195,12 @@ def test_check_thresholds_are_validated_with_the_field_and_rule(make_declaration
 def test_declared_thresholds_and_defaults(make_declaration):
     defaults = _declare(make_declaration).queue("q").checks
     assert (defaults.poison_growth, defaults.dead_letter_growth, defaults.oldest_waiting) == (
-        100, 100, timedelta(hours=1))
+        100, 100, AgeLevels(warn=timedelta(hours=1)))
+    assert all((defaults.depth(t).warn, defaults.depth(t).error) == (1, None)
+               for t in ("poison", "dead_letter", "quarantine"))
     declared = _declare(make_declaration, checks={"dead_letter_growth": 5, "oldest_waiting": "10m"}).queue("q").checks
     assert (declared.poison_growth, declared.dead_letter_growth, declared.oldest_waiting) == (
-        100, 5, timedelta(minutes=10))
+        100, 5, AgeLevels(warn=timedelta(minutes=10)))
 
 
 FORWARD = "poison_pipeline_tests.handlers:forwarding"
@@ -218,7 +257,7 @@ def test_a_check_with_nothing_changed_since_its_last_evaluation_loads_no_table(m
     now = datetime.now(UTC)
     first = {"conservation": check_conservation(tables), "one_place": check_one_place(tables),
              "growth": check_growth(tables, POISON_GROWTH, 10, None),
-             "oldest": check_oldest_waiting(tables, "inbound", timedelta(minutes=1), now)}
+             "oldest": check_oldest_waiting(tables, "inbound", AgeLevels(warn=timedelta(minutes=1)), now)}
     assert first["conservation"].metadata["accepted"] == 2 and first["one_place"].passed
 
     def no_load(self: QueueTables, table: str) -> Any:
@@ -229,7 +268,7 @@ def test_a_check_with_nothing_changed_since_its_last_evaluation_loads_no_table(m
         assert check_conservation(tables) == first["conservation"]
         assert check_one_place(tables) == first["one_place"]
         assert check_growth(tables, POISON_GROWTH, 10, 0) == check_growth(tables, POISON_GROWTH, 10, 0)
-        later = check_oldest_waiting(tables, "inbound", timedelta(minutes=1), now + timedelta(hours=1))
+        later = check_oldest_waiting(tables, "inbound", AgeLevels(warn=timedelta(minutes=1)), now + timedelta(hours=1))
         # The due time is kept, the age is counted from it at each evaluation.
         assert not later.passed and later.metadata["oldest_due_age_s"] >= 3600
     send(declaration, {"c": {}})

@@ -55,7 +55,8 @@ def check_accepted(declaration: Declaration) -> None:
         assert re.fullmatch(r"[a-z][a-z0-9_]{0,62}", name), name
         policy = queue.policy
         for duration in (policy.retry_cycle_delay, policy.time_to_live, policy.handler_timeout, policy.dedup_window,
-                         queue.checks.oldest_waiting, *queue.retention.values()):
+                         queue.checks.oldest_waiting.warn, queue.checks.oldest_waiting.error,
+                         *queue.retention.values()):
             assert duration is None or timedelta(0) <= duration <= LONGEST, (name, duration)
         assert all(isinstance(v, int) and not isinstance(v, bool) for v in (
             policy.receive_retry_count, policy.max_retry_cycles, policy.max_body_bytes, policy.outage_threshold))

@@ -21,17 +21,19 @@ from dagster import (
 )
 
 from poison_pipeline.defs.naming import asset_key
-from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON
+from poison_pipeline.domain.declaration import AgeLevels, Declaration, DepthLevels
+from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, POISON
 from poison_pipeline.operations.checks import (
     CONSERVATION,
     DEAD_LETTER_GROWTH,
+    DEPTH,
     OLDEST_WAITING,
     ONE_PLACE,
     POISON_GROWTH,
     CheckOutcome,
     Severity,
     check_conservation,
+    check_depth,
     check_growth,
     check_oldest_waiting,
     check_one_place,
@@ -68,9 +70,19 @@ def _specs(declaration: Declaration, queue: str) -> list[AssetCheckSpec]:
                        description="The queue's handler, hooks and exception types import (else no cycle of it "
                        "runs and its sensors say why)."),
         *(AssetCheckSpec(OLDEST_WAITING, asset=asset_key(queue, table),
-                         description=f"No message here has been due for longer than {thresholds.oldest_waiting}.")
+                         description="How long the oldest due message here has waited "
+                         f"({_levels(thresholds.oldest_waiting)}).")
           for table in waiting),
+        *(AssetCheckSpec(DEPTH, asset=asset_key(queue, table), additional_deps=after_sends,
+                         description=f"How many messages failed here ({_levels(thresholds.depth(table))}): "
+                         "warn is yellow, error red.")
+          for table in FAILURE_TABLES),
     ]
+
+
+def _levels(levels: AgeLevels | DepthLevels) -> str:
+    return ", ".join(f"{name} at {value}" for name, value in (("warn", levels.warn), ("error", levels.error))
+                     if value is not None) or "no levels: always passes"
 
 
 def check_keys(declaration: Declaration, queue: str) -> list[AssetCheckKey]:
@@ -163,5 +175,8 @@ def queue_checks(declaration: Declaration, queue: str) -> AssetChecksDefinition:
         for table in tables.waiting:
             if wanted(table, OLDEST_WAITING):
                 yield _result(queue, check_oldest_waiting(tables, table, thresholds.oldest_waiting))
+        for table in FAILURE_TABLES:
+            if wanted(table, DEPTH):
+                yield _result(queue, check_depth(tables, table, thresholds.depth(table)))
 
     return checks

@@ -106,14 +106,84 @@ class SmallCycles(BaseModel):
         return value
 
 
+def _positive_duration(name: str, value: timedelta, example: str) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError(f"{name} must be a positive duration (e.g. {example}), not {value}")
+    return value
+
+
+class DepthLevels(BaseModel):
+    """How many messages in a failure table make its check fail: at `warn` or more, a warning; at
+    `error` or more, an error (either may be left out)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warn: int | None = None
+    error: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none_is_off(cls, value: object) -> object:
+        return {} if value is None else value
+
+    @field_validator("warn", "error")
+    @classmethod
+    def _at_least_one(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"a level is a number of messages, 1 or more, not {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DepthLevels:
+        if self.warn is not None and self.error is not None and self.error < self.warn:
+            raise ValueError(f"error ({self.error}) is below warn ({self.warn})")
+        return self
+
+
+class AgeLevels(BaseModel):
+    """How long the oldest due message may wait before its table's check fails: past `warn`, a
+    warning; past `error`, an error. A plain duration is `warn` alone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warn: Duration | None = None
+    error: Duration | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_duration(cls, value: object) -> object:
+        if value is None:
+            return {}  # no levels: the check always passes
+        return {"warn": value} if isinstance(value, str | int | float | timedelta) else value
+
+    @field_validator("warn", "error")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        return None if value is None else _positive_duration("oldest_waiting", value, "1h")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AgeLevels:
+        if self.warn is not None and self.error is not None and self.error < self.warn:
+            raise ValueError(f"error ({self.error}) is below warn ({self.warn})")
+        return self
+
+
+# By default a message in a failure table is a warning: the asset graph shows it until it leaves.
+_ANY_FAILED = DepthLevels(warn=1)
+
+
 class CheckThresholds(BaseModel):
-    """When the queue's warning checks fail: growth since the previous check, age of the oldest due message."""
+    """When the queue's checks fail: growth since the previous check (a warning), messages in each
+    failure table and the age of the oldest due message (two levels each)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     poison_growth: int = 100  # more messages on the poison path (poison + quarantine) than this
     dead_letter_growth: int = 100
-    oldest_waiting: Duration = timedelta(hours=1)  # a message due longer than this, not yet taken
+    poison: DepthLevels = _ANY_FAILED
+    dead_letter: DepthLevels = _ANY_FAILED
+    quarantine: DepthLevels = _ANY_FAILED
+    oldest_waiting: AgeLevels = AgeLevels(warn=timedelta(hours=1))  # a message due longer, not yet taken
 
     @field_validator("poison_growth", "dead_letter_growth")
     @classmethod
@@ -122,16 +192,10 @@ class CheckThresholds(BaseModel):
             raise ValueError("a growth threshold is a number of messages, 0 or more (0 warns on any growth)")
         return value
 
-    @field_validator("oldest_waiting")
-    @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        return _positive_duration("oldest_waiting", value, "1h")
-
-
-def _positive_duration(name: str, value: timedelta, example: str) -> timedelta:
-    if value <= timedelta(0):
-        raise ValueError(f"{name} must be a positive duration (e.g. {example}), not {value}")
-    return value
+    def depth(self, table: str) -> DepthLevels:
+        """The levels of failure table `table`'s depth check."""
+        levels: DepthLevels = getattr(self, table)
+        return levels
 
 
 # The fastest a queue is looked at: the orchestrator's sensor loop (Dagster's daemon) runs every 5 s.
@@ -186,7 +250,8 @@ class QueueDeclaration(BaseModel):
     # (poison, dead_letter, quarantine), by failure time, e.g. {dead_letter: 30d, quarantine: 90d}.
     # A table not named here is kept until an operator purges it.
     retention: dict[str, Duration] = Field(default_factory=dict)
-    # Thresholds of the asset checks run after every cycle, e.g. {poison_growth: 100, oldest_waiting: 1h}.
+    # Thresholds of the asset checks run after every cycle, e.g. {quarantine: {warn: 1, error: 100},
+    # oldest_waiting: {warn: 15m, error: 1h}, poison_growth: 100}.
     checks: CheckThresholds = Field(default_factory=CheckThresholds)
     # How often its sensors look and how long a run stays taking arrivals, e.g. {look_every: 5s, stay: 1m}.
     latency: Latency = Field(default_factory=Latency)

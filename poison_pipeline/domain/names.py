@@ -334,7 +334,6 @@ class ConversationName:
         return cls(sender, message_id) if slash and _QUEUE.fullmatch(sender) else None
 
 
-
 _RESEND = "resend:"
 # How an earlier version named a resend: `<original>~resend-<n>`, which a default conversation of a
 # message whose id ends so (`conv:q/x~resend-1`) also spelled.

@@ -6,7 +6,11 @@ that finds nothing changed costs a request per table, whatever the tables' histo
   (the conservation line: waiting, failed, terminal and purged);
 - one_place (error): no message id in two waiting or failure tables at once;
 - poison_growth, dead_letter_growth (warning): growth since the previous check over a threshold;
-- oldest_waiting (warning, per waiting table): a message due for longer than a threshold.
+- depth (per failure table, warning or error): messages there (archived ones left out) at a level;
+- oldest_waiting (per waiting table, warning or error): a message due for longer than a level.
+
+A check with two levels fails at the higher one it reaches (`reached`): yellow in the asset graph at
+`warn`, red at `error`, green once the messages leave.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from enum import StrEnum
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from poison_pipeline.domain.declaration import AgeLevels, DepthLevels
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, QUARANTINE
 from poison_pipeline.operations.archived import archived_count
 from poison_pipeline.operations.conservation import conservation
@@ -32,6 +37,7 @@ ONE_PLACE = "one_place"
 POISON_GROWTH = "poison_growth"
 DEAD_LETTER_GROWTH = "dead_letter_growth"
 OLDEST_WAITING = "oldest_waiting"
+DEPTH = "depth"
 # What each growth check watches: the poison path is poison plus what its reader quarantined.
 GROWTH_TABLES: dict[str, tuple[str, ...]] = {POISON_GROWTH: (POISON, QUARANTINE),
                                              DEAD_LETTER_GROWTH: (DEAD_LETTER,)}
@@ -129,7 +135,37 @@ def check_growth(tables: QueueTables, name: str, threshold: int, previous: int |
         **{f"rows_{table}": n for table, n in counts.items()}})
 
 
-def check_oldest_waiting(tables: QueueTables, table: str, threshold: timedelta,
+def reached(value: float, warn: float | None, error: float | None, *, inclusive: bool) -> Severity | None:
+    """The highest level `value` reaches (at it when `inclusive`, else past it); None: neither."""
+    def past(level: float | None) -> bool:
+        return level is not None and (value >= level if inclusive else value > level)
+
+    return Severity.ERROR if past(error) else Severity.WARN if past(warn) else None
+
+
+def _levels_text(warn: object, error: object) -> str:
+    given = [f"{name} {level}" for name, level in (("warn", warn), ("error", error)) if level is not None]
+    return ", ".join(given) or "no levels"
+
+
+def check_depth(tables: QueueTables, table: str, levels: DepthLevels) -> CheckOutcome:
+    """How many messages the failure table holds (archived ones left out), against its levels."""
+    rows: int = remembered(tables, f"{DEPTH}-{table}", lambda read: (
+        read.open(table).count() - archived_count(read, table) if read.exists(table) else 0), int, int)
+    level = reached(rows, levels.warn, levels.error, inclusive=True)
+    description = f"{rows} message(s) in {table} ({_levels_text(levels.warn, levels.error)})"
+    if level is not None:
+        description += f": at the {level.value} level; `poison-pipeline groups` says why they failed"
+    return CheckOutcome(DEPTH, table, level or _top(levels.error), level is None, description, {
+        "messages": rows, "warn": levels.warn, "error": levels.error})
+
+
+def _top(error: object) -> Severity:
+    """The severity a passing check is shown with: the highest it can fail at."""
+    return Severity.WARN if error is None else Severity.ERROR
+
+
+def check_oldest_waiting(tables: QueueTables, table: str, levels: AgeLevels,
                          now: datetime | None = None) -> CheckOutcome:
     """How long the table's oldest due message has been due, from the log's due_at statistics."""
     now = now or datetime.now(UTC)
@@ -137,17 +173,23 @@ def check_oldest_waiting(tables: QueueTables, table: str, threshold: timedelta,
                      lambda at: None if at is None else at.isoformat(),
                      lambda kept: None if kept is None else datetime.fromisoformat(kept))
     age = max((now - due).total_seconds(), 0.0) if due is not None and due <= now else 0.0
-    passed = age <= threshold.total_seconds()
+    level = reached(age, _seconds(levels.warn), _seconds(levels.error), inclusive=False)
+    thresholds = _levels_text(levels.warn, levels.error)
     if due is None or due > now:
-        description = f"no message is due (threshold {threshold})"
+        description = f"no message is due ({thresholds})"
     else:
         description = (f"the oldest due message has waited {timedelta(seconds=round(age))} since it was due "
-                       f"(threshold {threshold})")
-    if not passed:
-        description += ": is the queue disabled, its sensor stopped, or its cycles failing?"
-    return CheckOutcome(OLDEST_WAITING, table, Severity.WARN, passed, description, {
-        "oldest_due_age_s": round(age, 3), "threshold_s": threshold.total_seconds(),
+                       f"({thresholds})")
+    if level is not None:
+        description += (f": at the {level.value} level; is the queue disabled, its sensor stopped, or its cycles "
+                        "failing?")
+    return CheckOutcome(OLDEST_WAITING, table, level or _top(levels.error), level is None, description, {
+        "oldest_due_age_s": round(age, 3), "warn_s": _seconds(levels.warn), "error_s": _seconds(levels.error),
         "oldest_due_at": due.isoformat() if due is not None else None})
+
+
+def _seconds(level: timedelta | None) -> float | None:
+    return None if level is None else level.total_seconds()
 
 
 def _oldest_due(tables: QueueTables, table: str) -> datetime | None:

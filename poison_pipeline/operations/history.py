@@ -227,19 +227,19 @@ def _took(declaration: Declaration, action: Action, message_id: str) -> bool:
     it, gone at the version after (the redrive held the queue's lease in between)."""
     source = action.arguments.get("from")
     versions = action.versions.get(f"{action.queue}/{source}") or {}
-    if source is None or versions.get("before") is None or versions.get("after") is None:
+    before, after = versions.get("before"), versions.get("after")
+    if source is None or before is None or after is None:
         return False
     tables = QueueTables.of(declaration, action.queue)
     try:
-        return (_holds(tables, source, int(versions["before"]), message_id)
-                and not _holds(tables, source, int(versions["after"]), message_id))
+        return _holds(tables, source, before, message_id) and not _holds(tables, source, after, message_id)
     except Exception:  # noqa: BLE001 - a version vacuumed since: the journey goes on without it
         return False
 
 
 def _holds(tables: QueueTables, table: str, version: int, message_id: str) -> bool:
     old = DeltaTable(tables.uri(table), version=version, storage_options=tables.storage_options)
-    return old.to_pyarrow_dataset().count_rows(filter=pads.field("message_id") == message_id) > 0
+    return int(old.to_pyarrow_dataset().count_rows(filter=pads.field("message_id") == message_id)) > 0
 
 
 def _with_moves(keyed: list[tuple[Any, JourneyEvent]]) -> list[tuple[Any, JourneyEvent]]:

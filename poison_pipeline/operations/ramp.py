@@ -286,5 +286,6 @@ def _result(action: Action, rows: pa.Table | None, state: str, *, step: int = 0,
         selected=rows.num_rows if rows is not None else int(counts.get("sent", 0)),
         step=step or int(counts.get("stopped_at_step", counts.get("completed_steps", 0))),
         sent=_sent(rows, step) if rows is not None else int(counts.get("sent", 0)),
-        waiting=waiting, failed_again=failed or list(counts.get("failed_again_ids", [])), parked=parked or int(counts.get("parked", 0)),
+        waiting=waiting, failed_again=failed or list(counts.get("failed_again_ids", [])),
+        parked=parked or int(counts.get("parked", 0)),
         max_failures=int(args["max_failures"]))
