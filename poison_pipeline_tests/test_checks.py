@@ -82,6 +82,18 @@ def test_every_check_passes_after_a_cycle_in_the_same_run(spark, make_declaratio
     assert checks["poison:poison_growth"].severity == AssetCheckSeverity.WARN
 
 
+def test_a_cycle_records_the_queue_s_health_as_numbers_to_plot(spark, make_declaration):
+    declaration = _declare(make_declaration)
+    send(declaration, {"ok": {}, "bad": {"fail": True}, "bad2": {"fail": True}})
+    with DagsterInstance.ephemeral() as instance:
+        result = _cycle(declaration, instance)
+    [event] = result.get_asset_materialization_events()
+    figures = {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
+    assert (figures["failed"], figures["processed"], figures["failed_last_hour"]) == (2, 1, 2)
+    assert {k: v for k, v in figures.items() if k.startswith("depth_")} == {
+        "depth_inbound": 0, "depth_poison": 2, "depth_dead_letter": 0, "depth_quarantine": 0}
+
+
 def test_a_message_in_two_tables_fails_one_place_and_conservation_naming_it(spark, make_declaration):
     declaration = _declare(make_declaration)
     send(declaration, {"a": {}, "b": {}})

@@ -317,3 +317,22 @@ def test_a_ramp_from_the_redrive_asset_sends_its_first_step_and_records_its_prog
                                                                                               1, 1, 2)
     assert sorted(m for m, p in places(lake).items() if p == ["inbound"]) == ["d1-refund"]
     assert find_action(QueueTables.of(lake, "q"), "ramp-d").state != DONE  # the queue's cycles go on with it
+
+
+def test_a_redrive_run_observes_the_failure_tables_it_changed_with_their_health(lake):
+    """The failure tables' pages are current after a redrive, and nothing but the redrive asset is
+    marked materialized; a dry run observes nothing."""
+    with DagsterInstance.ephemeral() as instance:
+        dry = redrive_job(lake).execute_in_process(
+            instance=instance, run_config=run_config(OP, {"dry_run": True}), tags=days(1, 1))
+        assert dry.success and not dry.asset_observations_for_node(OP)
+        result = redrive_job(lake).execute_in_process(instance=instance, run_config=QUIET, tags=days(1, 1))
+    assert result.success
+    observed = {o.asset_key.path[-1]: {k: v.value for k, v in o.metadata.items()}
+                for o in result.asset_observations_for_node(OP)}
+    assert set(observed) == {"poison"}  # quarantine and dead_letter did not change
+    poison = observed["poison"]
+    # d1's two left poison; d2's two are still there, in one group.
+    assert (poison["rows"], poison["failed_messages"], poison["depth_poison"], poison["depth_inbound"]) == (2, 2, 2, 2)
+    assert poison["depth_quarantine"] == 2 and poison["failed_last_hour"] == 0  # they failed days ago
+    assert [e.asset_key for e in result.get_asset_materialization_events()] == [redrive_asset_key("q")]

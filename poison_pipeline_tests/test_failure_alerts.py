@@ -295,7 +295,7 @@ def test_every_materialization_of_the_failure_tables_carries_their_groups(tmp_pa
     assert (dead_letter["failure_groups"], dead_letter["failed_messages"], dead_letter["rows"]) == (1, 1, 1)
     # Each group named with the version of the table read (`id@version`: an action given it takes that snapshot).
     version = QueueTables.of(declaration, "q").open("dead_letter").version()
-    assert f"| {group_id('no-error:expired')}@{version} |  | 1 |" in dead_letter["failure_groups_top"]
+    assert f"| {group_id('no-error:expired')}@{version} | 1 |" in dead_letter["failure_groups_top"]
 
     # A disabled queue's poison cycle processes nothing; its materialization still shows the groups.
     set_enabled(QueueTables.of(declaration, "q"), False, "ops", "maintenance")
@@ -303,8 +303,11 @@ def test_every_materialization_of_the_failure_tables_carries_their_groups(tmp_pa
     assert (poison["failure_groups"], poison["failed_messages"], poison["largest_failure_group"]) == (2, 5, 3)
     top = poison["failure_groups_top"]
     [biggest, other] = failure_groups(declaration, "q", "poison")
-    assert f"| {biggest.as_of} | {biggest.signature} | 3 | {biggest.first_failure_at.isoformat()} |" in top
-    assert f"| {other.as_of} | {other.signature} | 2 |" in top and "ValueError: message &lt;id&gt; always fails" in top
+    first = biggest.first_failure_at.strftime("%Y-%m-%d %H:%M:%SZ")
+    assert f"| {biggest.as_of} | 3 | {first} |" in top
+    assert f"| {other.as_of} | 2 |" in top and "ValueError: message &lt;id&gt; always fails" in top
+    # Its message types and latest example ids, as `groups` prints them.
+    assert f"| {', '.join(biggest.example_ids)} |" in top and len(biggest.example_ids) == 3
 
     set_enabled(QueueTables.of(declaration, "q"), True, "ops", "maintenance over")
     after = materializations(run_cycle_job(defs, instance, "poison"))

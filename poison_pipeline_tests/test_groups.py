@@ -299,7 +299,8 @@ def test_the_dead_letter_asset_carries_its_failure_groups(make_declaration) -> N
     metadata = {k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()}
     assert (metadata["failure_groups"], metadata["failed_messages"], metadata["largest_failure_group"]) == (2, 3, 2)
     top = metadata["failure_groups_top"]
-    assert f"| 01234567@1 | {SIG_A} | 2 |" in top and "KeyError: 'SKU-&lt;n&gt;'" in top
+    assert "| 01234567@1 | 2 |" in top and "KeyError: 'SKU-&lt;n&gt;'" in top
+    assert "| order 2 | a2, a1 |" in top  # message types and the latest example ids
 
 
 # -- a real cycle: two bugs, two groups -------------------------------------------------------------

@@ -17,6 +17,7 @@ from poison_pipeline.broker.transmission import transmit
 from poison_pipeline.defs.failure_metadata import (
     changed_ledgers,
     failure_group_metadata,
+    health_metadata,
     ledger_versions,
     table_metadata,
 )
@@ -35,6 +36,7 @@ from poison_pipeline.storage.tables import TRANSMISSION, QueueTables
 _OUTCOMES = ("processed", "duplicate", "moved", "poisoned", "rejected", "expired", "dropped",
              "quarantined", "faulted", "ended", "outage", "messages", "attempts", "conversations_ended",
              "transmitted", "conversation_errors")
+_FAILED = ("poisoned", "rejected", "expired", "quarantined", "ended")
 
 _DESCRIPTIONS = {
     INBOUND: "Messages waiting for their first cycle; materializing runs that cycle on Spark.",
@@ -67,6 +69,8 @@ def cycle_metadata(report: CycleReport) -> dict[str, Any]:
         counts = {k: counts.get(k, 0) + report.recovered.get(k, 0)
                   for k in set(counts) | set(report.recovered)}
     metadata: dict[str, Any] = {name: MetadataValue.int(int(counts.get(name, 0))) for name in _OUTCOMES}
+    # What the cycle put in a failure table (poison, dead_letter, quarantine).
+    metadata["failed"] = MetadataValue.int(sum(int(counts.get(name, 0)) for name in _FAILED))
     metadata["duration_s"] = MetadataValue.float(round(report.duration_s, 3))
     metadata["oldest_age_s"] = MetadataValue.float(round(report.oldest_age_s or 0.0, 3))
     metadata["cycle_seq"] = MetadataValue.int(report.seq)
@@ -131,7 +135,7 @@ def _cycle_asset(declaration: Declaration, queue: str, table: str, upstream: lis
                                 f"{unfinished.last_error}")
         for materialization in changed_ledgers(declaration, queue, before):
             context.log_event(materialization)
-        metadata = cycle_metadata(report)
+        metadata = {**cycle_metadata(report), **health_metadata(declaration, queue)}
         if table == POISON:
             metadata.update(failure_group_metadata(failure_groups(declaration, queue, POISON)))
         return MaterializeResult(metadata=metadata)

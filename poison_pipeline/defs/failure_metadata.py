@@ -1,12 +1,13 @@
 """Materialization metadata of the failure tables (poison, dead_letter, quarantine) and of the
-ledgers: counts the UI plots over time, and the biggest failure groups as a Markdown table."""
+ledgers: counts the UI plots over time, and the biggest failure groups as a Markdown table; the
+queue's health figures each cycle records; the observations of failure tables an operator changed."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
-from dagster import AssetMaterialization, MetadataValue
+from dagster import AssetMaterialization, AssetObservation, MetadataValue
 
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.domain.alerts import FailureCount
@@ -15,8 +16,10 @@ from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, QUARANTI
 from poison_pipeline.operations.groups import FailureGroup, failure_groups
 from poison_pipeline.storage.tables import QueueTables
 from poison_pipeline.text.groups import note_text
+from poison_pipeline.views.health import health
 
 SHOWN_GROUPS = 10
+EXAMPLES = 3
 
 
 def _cell(text: str) -> str:
@@ -31,20 +34,30 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _time(moment: datetime | None) -> str:
-    return moment.isoformat() if moment else ""
+    """To the second, in UTC: a narrow column."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ") if moment else ""
+
+
+def _error(group: FailureGroup) -> str:
+    if group.signature is None:
+        return f"no error: {', '.join(group.reasons)}"
+    at = f" (at {group.top_frame})" if group.top_frame else ""
+    return f"{group.error_type}: {group.error_message}{at}"
 
 
 def failure_group_metadata(groups: list[FailureGroup], shown: int = SHOWN_GROUPS) -> dict[str, Any]:
     """The failure groups of a table (the `groups` command's result): how many groups and failed
-    messages, the largest, and the biggest `shown` as a Markdown table."""
+    messages, the largest, and the biggest `shown` as a Markdown table, as `groups` prints them:
+    error and its top frame, message types and the latest example ids (the signature is the id's
+    first 8 hex digits: `groups --json` gives it whole)."""
     rows = []
     for group in groups[:shown]:
-        error = f"{group.error_type}: {group.error_message}" if group.signature is not None \
-            else f"no error: {', '.join(group.reasons)}"
-        rows.append([group.as_of, group.signature or "", str(group.count), _time(group.first_failure_at),
-                     _time(group.last_failure_at), error, group.top_frame or "",
+        types = ", ".join(f"{kind} {n}" for kind, n in sorted(group.message_types.items(), key=lambda t: -t[1]))
+        rows.append([group.as_of, str(group.count), _time(group.first_failure_at), _time(group.last_failure_at),
+                     _error(group), types, ", ".join(group.example_ids[:EXAMPLES]),
                      "" if group.note is None else note_text(group.note)])
-    table = _markdown(["group", "signature", "count", "first seen", "last seen", "error", "top frame", "note"], rows)
+    table = _markdown(["group", "count", "first failure", "last failure", "error", "message types", "e.g.", "note"],
+                      rows)
     if len(groups) > shown:
         table += f"\n\n{len(groups) - shown} smaller group(s) not shown: `poison-pipeline groups` lists them all."
     return {
@@ -72,10 +85,36 @@ def table_metadata(declaration: Declaration, queue: str, table: str) -> dict[str
     return metadata
 
 
-def ledger_versions(declaration: Declaration, queue: str) -> dict[str, int]:
-    """The Delta versions of dead_letter and quarantine, from their logs (0 before they exist)."""
+def health_metadata(declaration: Declaration, queue: str) -> dict[str, Any]:
+    """The queue's health as numbers the UI plots: each place's depth (`depth_<table>`) and the
+    messages in its failure tables that failed in the last hour."""
+    found = health(QueueTables.of(declaration, queue))
+    return {**{f"depth_{table}": MetadataValue.int(n) for table, n in found.depths.items()},
+            "failed_last_hour": MetadataValue.int(found.failed_recently)}
+
+
+def ledger_versions(declaration: Declaration, queue: str,
+                    tables_of: tuple[str, ...] = (DEAD_LETTER, QUARANTINE)) -> dict[str, int]:
+    """The Delta versions of dead_letter and quarantine (or `tables_of`), from their logs (0 before
+    they exist)."""
     tables = QueueTables.of(declaration, queue)
-    return {t: tables.open(t).version() if tables.exists(t) else 0 for t in (DEAD_LETTER, QUARANTINE)}
+    return {t: tables.open(t).version() if tables.exists(t) else 0 for t in tables_of}
+
+
+def failure_versions(declaration: Declaration, queue: str) -> dict[str, int]:
+    """The versions of every failure table: what `observe_changed` compares with."""
+    return ledger_versions(declaration, queue, FAILURE_TABLES)
+
+
+def observe_changed(declaration: Declaration, queue: str, before: dict[str, int]) -> list[AssetObservation]:
+    """An observation of each failure table an operator's run changed since `before`
+    (`failure_versions`), with what its page shows (rows, failure groups) and the queue's health:
+    the page is current without a cycle, and nothing is marked materialized."""
+    changed = [t for t, version in failure_versions(declaration, queue).items() if version != before[t]]
+    figures = health_metadata(declaration, queue) if changed else {}
+    return [AssetObservation(asset_key=asset_key(queue, table),
+                             metadata={**table_metadata(declaration, queue, table), **figures})
+            for table in changed]
 
 
 def changed_ledgers(declaration: Declaration, queue: str, before: dict[str, int]) -> list[AssetMaterialization]:

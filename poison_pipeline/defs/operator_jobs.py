@@ -25,6 +25,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from poison_pipeline.defs.failure_metadata import failure_versions, observe_changed
 from poison_pipeline.defs.naming import QUEUE_TAG, operator_job_name, operator_op_name, simulation_asset_key
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
 from poison_pipeline.domain.declaration import Declaration, policy_of_yaml
@@ -228,7 +229,11 @@ def _operator_job(declaration: Declaration, queue: str, action: str) -> JobDefin
 
     def compute(context: OpExecutionContext, config: Config) -> Output:
         with redacted_failures():  # Dagster logs an error with its causes: no credentials in them
-            return body(context, config)
+            before = failure_versions(declaration, queue)
+            output = body(context, config)
+            for observation in observe_changed(declaration, queue, before):
+                context.log_event(observation)
+            return output
 
     # The config parameter's annotation is what Dagster turns into the Launchpad's schema.
     compute.__annotations__ = {"context": OpExecutionContext, "config": config_class, "return": Output}

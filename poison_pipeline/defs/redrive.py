@@ -22,6 +22,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from poison_pipeline.defs.failure_metadata import failure_versions, observe_changed
 from poison_pipeline.defs.naming import QUEUE_TAG, asset_key, redrive_asset_key, redrive_job_name
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
 from poison_pipeline.domain.declaration import Declaration
@@ -112,9 +113,12 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
         request = RedriveRequest.model_validate(
             fields | {"queue": queue, "id": config.id or redrive_id(root_run_id(context.op_execution_context))})
         with redacted_failures():  # Dagster logs an error with its causes: no credentials in them
+            before = failure_versions(declaration, queue)
             report = redrive(declaration, request.within(start, end), ActionContext(
                 actor=actor_of(context.op_execution_context, config.actor), run_id=context.run.run_id,
                 progress=functools.partial(_log_progress, context, queue)))
+            for observation in observe_changed(declaration, queue, before):
+                context.log_event(observation)
         for result in report.results:
             context.log.info(f"{queue}/{result.source} -> {result.target}/{INBOUND}: moved {result.moved} of "
                              f"{result.selected} selected ({result.redrive_id}"
