@@ -100,6 +100,14 @@ def metadata(result, partitions: int = 1) -> dict[str, Any]:
     return {k: v.value for k, v in first.items()}
 
 
+def previewed(result) -> dict[str, Any]:
+    """A dry run's metadata: one observation of the redrive asset, and no materialization (no
+    failure day is marked redriven)."""
+    assert result.success and not result.get_asset_materialization_events()
+    [observation] = [o for o in result.asset_observations_for_node(OP) if o.asset_key == redrive_asset_key("q")]
+    return {k: v.value for k, v in observation.metadata.items()}
+
+
 def test_the_redrive_asset_is_partitioned_by_failure_day_downstream_of_the_failure_tables(lake):
     defs = build_definitions(lake)
     graph = defs.resolve_asset_graph()
@@ -118,7 +126,10 @@ def test_a_range_of_two_days_is_redriven_in_one_run_and_the_third_day_stays(lake
     with DagsterInstance.ephemeral() as instance:
         result = redrive_job(lake).execute_in_process(
             instance=instance, run_config=QUIET, tags={**days(0, 1), USER_TAG: "alice"})
+        run = instance.get_run_by_id(result.run_id)
     assert result.success
+    assert run is not None and (run.tags["poison_pipeline/dry_run"], run.tags["poison_pipeline/actor"]) == (
+        "false", "alice")
     where = places(lake)
     assert {m: where[m] for m in where if m.startswith(("d0", "d1"))} == {
         m: ["inbound"] for m in ("d0-withdrawal", "d0-refund", "d1-withdrawal", "d1-refund")}
@@ -141,9 +152,12 @@ def test_a_dry_run_reports_what_would_move_and_changes_no_table(lake):
         result = redrive_job(lake).execute_in_process(
             instance=instance, run_config=run_config(OP, {"dry_run": True, "message_type": "withdrawal"}),
             partition_key=day(1))
+        run = instance.get_run_by_id(result.run_id)
     assert result.success and table_versions(lake) == before
-    seen = metadata(result)
+    seen = previewed(result)
     assert (seen["dry_run"], seen["would_move"], seen["sample_ids"]) == (True, 1, ["d1-withdrawal"])
+    assert run is not None and (run.tags["poison_pipeline/dry_run"], run.tags["poison_pipeline/actor"]) == (
+        "true", "dagster")
     assert "moved" not in seen  # a dry run moved nothing
     assert seen["by_message_type"] == {"withdrawal": 1} and sum(seen["by_group"].values()) == 1
     assert seen["redrive_ids"] == []
@@ -156,7 +170,7 @@ def test_a_failure_group_selects_its_rows_in_every_source_table_that_has_them(la
     with DagsterInstance.ephemeral() as instance:
         result = redrive_job(lake).execute_in_process(
             instance=instance, run_config=run_config(OP, {"dry_run": True, "group": group}), tags=days(0, 2))
-    seen = metadata(result, partitions=3)
+    seen = previewed(result)
     assert seen["by_group"] == {group: 3} and seen["by_message_type"] == {"withdrawal": 3}
     assert seen["by_source"] == {"poison": {"would_move": 2, "selected": 2},
                                  "quarantine": {"would_move": 1, "selected": 1}}
@@ -308,7 +322,7 @@ def test_a_ramp_from_the_redrive_asset_sends_its_first_step_and_records_its_prog
     with DagsterInstance.ephemeral() as instance:
         preview = redrive_job(lake).execute_in_process(
             instance=instance, run_config=run_config(OP, {**config, "dry_run": True}), partition_key=day(1))
-        assert preview.success and metadata(preview)["ramp_steps"] == [1, 1]
+        assert previewed(preview)["ramp_steps"] == [1, 1]
         result = redrive_job(lake).execute_in_process(
             instance=instance, run_config=run_config(OP, config), partition_key=day(1))
     assert result.success
@@ -325,12 +339,13 @@ def test_a_redrive_run_observes_the_failure_tables_it_changed_with_their_health(
     with DagsterInstance.ephemeral() as instance:
         dry = redrive_job(lake).execute_in_process(
             instance=instance, run_config=run_config(OP, {"dry_run": True}), tags=days(1, 1))
-        assert dry.success and not dry.asset_observations_for_node(OP)
+        assert dry.success and [o.asset_key for o in dry.asset_observations_for_node(OP)] == [redrive_asset_key("q")]
         result = redrive_job(lake).execute_in_process(instance=instance, run_config=QUIET, tags=days(1, 1))
     assert result.success
     observed = {o.asset_key.path[-1]: {k: v.value for k, v in o.metadata.items()}
                 for o in result.asset_observations_for_node(OP)}
-    assert set(observed) == {"poison"}  # quarantine and dead_letter did not change
+    assert set(observed) == {"poison"}  # quarantine and dead_letter did not change (nor does a real run observe
+    # the redrive asset it materializes)
     poison = observed["poison"]
     # d1's two left poison; d2's two are still there, in one group.
     assert (poison["rows"], poison["failed_messages"], poison["depth_poison"], poison["depth_inbound"]) == (2, 2, 2, 2)

@@ -46,6 +46,8 @@ SIMULATION = "policy_simulation"
 # Who launched a run, when its config names nobody: Dagster+ sets dagster/user; a launcher of our own
 # (a script, a sensor) can set ACTOR_TAG, which wins.
 ACTOR_TAG = "poison_pipeline/actor"
+# On an operator's run once it knows: whether it only previews (`true`) or acts (`false`).
+DRY_RUN_TAG = "poison_pipeline/dry_run"
 USER_TAG = "dagster/user"
 
 

@@ -26,7 +26,14 @@ from dagster import (
 from pydantic import Field
 
 from poison_pipeline.defs.failure_metadata import failure_versions, observe_changed
-from poison_pipeline.defs.naming import QUEUE_TAG, operator_job_name, operator_op_name, simulation_asset_key
+from poison_pipeline.defs.naming import (
+    ACTOR_TAG,
+    DRY_RUN_TAG,
+    QUEUE_TAG,
+    operator_job_name,
+    operator_op_name,
+    simulation_asset_key,
+)
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
 from poison_pipeline.domain.declaration import Declaration, policy_of_yaml
 from poison_pipeline.domain.durations import parse_duration
@@ -95,6 +102,16 @@ def _request(model: type[Request], config: Config, **values: Any) -> Any:
 
 def _context(context: OpExecutionContext, config: Config) -> ActionContext:
     return ActionContext(actor=actor_of(context, getattr(config, "actor", None)), run_id=context.run.run_id)
+
+
+def _run_tags(context: OpExecutionContext, config: Config) -> dict[str, str]:
+    """Who acts, and whether the run only previews (a dry run, a purge not confirmed): the runs
+    list tells them apart."""
+    tags = {ACTOR_TAG: _context(context, config).actor}
+    if hasattr(config, "dry_run") or hasattr(config, "confirm"):
+        preview = bool(getattr(config, "dry_run", False)) or getattr(config, "confirm", True) is False
+        tags[DRY_RUN_TAG] = str(preview).lower()
+    return tags
 
 
 def _jsonable(value: Any) -> Any:
@@ -229,6 +246,7 @@ def _operator_job(declaration: Declaration, queue: str, action: str) -> JobDefin
 
     def compute(context: OpExecutionContext, config: Config) -> Output:
         with redacted_failures():  # Dagster logs an error with its causes: no credentials in them
+            context.instance.add_run_tags(context.run.run_id, _run_tags(context, config))
             before = failure_versions(declaration, queue)
             output = body(context, config)
             for observation in observe_changed(declaration, queue, before):

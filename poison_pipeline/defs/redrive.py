@@ -4,12 +4,14 @@ the code the CLI runs)."""
 
 import functools
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetExecutionContext,
+    AssetObservation,
     AssetsDefinition,
     BackfillPolicy,
     Config,
@@ -23,7 +25,14 @@ from dagster import (
 from pydantic import Field
 
 from poison_pipeline.defs.failure_metadata import failure_versions, observe_changed
-from poison_pipeline.defs.naming import QUEUE_TAG, asset_key, redrive_asset_key, redrive_job_name
+from poison_pipeline.defs.naming import (
+    ACTOR_TAG,
+    DRY_RUN_TAG,
+    QUEUE_TAG,
+    asset_key,
+    redrive_asset_key,
+    redrive_job_name,
+)
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
@@ -105,18 +114,22 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
         backfill_policy=BackfillPolicy.single_run(),
         description=f"Sends the messages that failed on the chosen days back into {queue}/{INBOUND}.",
         metadata={"redrives_into": f"{queue}/{INBOUND}", "redrives_into_uri": tables.uri(INBOUND)},
+        output_required=False,  # a dry run materializes nothing
     )
-    def redrive_failures(context: AssetExecutionContext, config: RedriveConfig) -> MaterializeResult:
+    def redrive_failures(context: AssetExecutionContext, config: RedriveConfig) -> Iterator[MaterializeResult]:
         window = context.partition_time_window
         start, end = window.start, window.end
         fields = config.model_dump(exclude={"actor"})
         request = RedriveRequest.model_validate(
             fields | {"queue": queue, "id": config.id or redrive_id(root_run_id(context.op_execution_context))})
+        actor = actor_of(context.op_execution_context, config.actor)
+        # The runs list tells a preview from a redrive, and who ran it.
+        context.instance.add_run_tags(context.run.run_id, {DRY_RUN_TAG: str(request.dry_run).lower(),
+                                                           ACTOR_TAG: actor})
         with redacted_failures():  # Dagster logs an error with its causes: no credentials in them
             before = failure_versions(declaration, queue)
             report = redrive(declaration, request.within(start, end), ActionContext(
-                actor=actor_of(context.op_execution_context, config.actor), run_id=context.run.run_id,
-                progress=functools.partial(_log_progress, context, queue)))
+                actor=actor, run_id=context.run.run_id, progress=functools.partial(_log_progress, context, queue)))
             for observation in observe_changed(declaration, queue, before):
                 context.log_event(observation)
         for result in report.results:
@@ -125,7 +138,11 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
                              f"{', completed earlier' if result.already_done else ''})")
         if report.ramp is not None:
             context.log.info(format_ramp(report.ramp))
-        return MaterializeResult(metadata=_metadata(request, start, end, report.results, report.ramp))
+        metadata = _metadata(request, start, end, report.results, report.ramp)
+        if request.dry_run:  # moved nothing: observed, so no failure day is marked redriven
+            context.log_event(AssetObservation(redrive_asset_key(queue), metadata=metadata))
+            return
+        yield MaterializeResult(metadata=metadata)
 
     return redrive_failures
 
