@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from dagster import (
     AssetKey,
+    DagsterInvalidConfigError,
     BackfillPolicy,
     DagsterInstance,
     DailyPartitionsDefinition,
@@ -176,8 +177,18 @@ def test_a_failure_group_selects_its_rows_in_every_source_table_that_has_them(la
                                  "quarantine": {"would_move": 1, "selected": 1}}
 
 
+@pytest.mark.parametrize("table", ["quarantin", "inbound"])
+def test_an_unknown_source_table_is_refused_by_the_launch_config_before_any_run(lake, table):
+    before = table_versions(lake)
+    with DagsterInstance.ephemeral() as instance, pytest.raises(DagsterInvalidConfigError) as refused:
+        redrive_job(lake).execute_in_process(instance=instance, run_config=run_config(OP, {"source_tables": [table]}),
+                                             tags=days(0, 2))
+    assert f"Value at path root:ops:{OP}:config:source_tables[0] not in enum type SourceTable got {table}" in \
+        str(refused.value)
+    assert table_versions(lake) == before
+
+
 @pytest.mark.parametrize(("config", "says"), [
-    ({"source_tables": ["inbound"]}, "source_tables"),
     ({"rate": -5}, "rate"),
     ({"limit": 0}, "limit"),
     ({"where": "message_id = 'x'; DROP TABLE poison"}, "where"),

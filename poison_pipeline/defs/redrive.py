@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
@@ -35,7 +36,7 @@ from poison_pipeline.defs.naming import (
 )
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.routing import FAILURE_TABLES, INBOUND
+from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, POISON, QUARANTINE
 from poison_pipeline.operations.ramp import RampResult
 from poison_pipeline.operations.redrive import SAMPLE, RedriveOptions, RedriveRequest, RedriveResult, redrive
 from poison_pipeline.operations.requests import ActionContext
@@ -53,10 +54,21 @@ REDRIVE_START = "2024-01-01"
 REDRIVE_PARTITIONS = DailyPartitionsDefinition(start_date=REDRIVE_START, end_offset=1)
 
 
+class SourceTable(StrEnum):
+    """A failure table, as the launchpad offers it: a name it does not list is refused there."""
+
+    poison = POISON
+    dead_letter = DEAD_LETTER
+    quarantine = QUARANTINE
+
+
 class RedriveConfig(Config, RedriveOptions):
     """What `poison-pipeline redrive` takes; the days come from the partitions materialized (and the
     failed_after and failed_before given narrow them)."""
 
+    # Narrower than the request's list of names: the launchpad checks each against the enum.
+    source_tables: list[SourceTable] = Field(  # type: ignore[assignment]
+        default_factory=lambda: list(SourceTable), description="The failure tables to take messages from.")
     actor: str | None = Field(default=None, description=ACTOR_HELP)
 
 
@@ -119,7 +131,7 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
     def redrive_failures(context: AssetExecutionContext, config: RedriveConfig) -> Iterator[MaterializeResult]:
         window = context.partition_time_window
         start, end = window.start, window.end
-        fields = config.model_dump(exclude={"actor"})
+        fields = config.model_dump(exclude={"actor"}) | {"source_tables": [str(t) for t in config.source_tables]}
         request = RedriveRequest.model_validate(
             fields | {"queue": queue, "id": config.id or redrive_id(root_run_id(context.op_execution_context))})
         actor = actor_of(context.op_execution_context, config.actor)
