@@ -205,6 +205,7 @@ def test_the_cli_redrives_with_json_and_refuses_bad_input(lake, tmp_path, capsys
     assert cli.main([*run, "--error-type", "DependencyDown", "--dry-run", "--json"]) == cli.EXIT_OK
     planned = json.loads(capsys.readouterr().out)
     assert planned["dry_run"] and planned["moved"] == 3 and planned["by_message_type"] == {"withdrawal": 3}
+    assert planned["redrive_id"] is planned["action_id"] is None  # nothing recorded: no id for `undo`
     assert cli.main([*run, "--where", "nonsense ("]) == cli.EXIT_USAGE
     assert "is not a predicate over the columns of poison" in capsys.readouterr().err
     assert cli.main([*run, "--message-type", "nothing-like-this"]) == cli.EXIT_INCOMPLETE

@@ -90,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_INCOMPLETE
         return EXIT_OK
     if args.json:
-        results = [asdict(result) for result in report.results]
+        # A dry run recorded no action: an id would name nothing `undo` or `actions` knows.
+        unrecorded = {"redrive_id": None, "action_id": None}
+        results = [asdict(result) | (unrecorded if result.dry_run else {}) for result in report.results]
         print_json(results[0] if len(request.source_tables) == 1 else results)
     else:
         print("\n".join(format_redrive(result) for result in report.results))
