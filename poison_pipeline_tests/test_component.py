@@ -160,3 +160,9 @@ def test_a_fresh_dg_project_scaffolds_checks_and_lists_the_queues(tmp_path: Path
     loaded = subprocess.run([sys.executable, "-c", LAKE_ROOT_OF], cwd=project, capture_output=True, text=True,
                             env={**dg_env(project), "SHOP_LAKE": str(tmp_path / "elsewhere")}, timeout=300)
     assert loaded.stdout.strip().splitlines()[-1] == str(tmp_path / "elsewhere"), loaded.stderr
+    # Unset, the variable is named, not read as a null lake_root.
+    unset = subprocess.run([sys.executable, "-c", LAKE_ROOT_OF], cwd=project, capture_output=True, text=True,
+                           env={k: v for k, v in dg_env(project).items() if k != "SHOP_LAKE"}, timeout=300)
+    assert unset.returncode != 0
+    assert ("attributes.lake_root = '{{ env.SHOP_LAKE }}': the environment variable SHOP_LAKE is not set"
+            in unset.stderr), unset.stderr

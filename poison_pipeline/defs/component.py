@@ -11,6 +11,9 @@ is the project's folder's.
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from dagster.components.scaffold.scaffold import Scaffolder, ScaffoldRequest, sc
 from pydantic import BaseModel
 
 from poison_pipeline.defs.build import build_definitions
-from poison_pipeline.domain.declaration import Declaration, parse_declaration
+from poison_pipeline.domain.declaration import Declaration, DeclarationError, parse_declaration
 
 __all__ = ["PoisonQueuesComponent"]
 
@@ -81,5 +84,26 @@ def _written_attributes(context: dg.ComponentLoadContext) -> dict[str, Any] | No
     if not isinstance(decl, YamlBackedComponentDecl) or decl.component_file_model is None:
         return None
     written = decl.component_file_model.attributes or {}
+    unset = list(_unset_variables(written, "attributes"))
+    if unset:  # rendered, each would read as null: say which variable it needs instead
+        raise DeclarationError(f"invalid declaration {context.path}:\n" + "\n".join(
+            f"  {path} = {text!r}: the environment variable {name} is not set" for path, text, name in unset))
     rendered = context.resolution_context.resolve_value(written)
     return rendered if isinstance(rendered, dict) else None
+
+
+_ENV_TEMPLATE = re.compile(r"\{\{\s*env\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+def _unset_variables(value: object, path: str) -> Iterator[tuple[str, str, str]]:
+    """(where, the text, the variable) for each `{{ env.NAME }}` of an unset variable in `value`."""
+    if isinstance(value, str):
+        for name in _ENV_TEMPLATE.findall(value):
+            if name not in os.environ:
+                yield path, value, name
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _unset_variables(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _unset_variables(item, f"{path}[{index}]")
