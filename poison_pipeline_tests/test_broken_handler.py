@@ -11,13 +11,14 @@ import sys
 from pathlib import Path
 
 import yaml
-from dagster import AssetCheckEvaluation, AssetKey, DagsterInstance, SensorResult, build_sensor_context
+from dagster import AssetCheckEvaluation, AssetKey, DagsterInstance, RunRequest, SensorResult, build_sensor_context
 
 from poison_pipeline import enqueue
 from poison_pipeline.cli import main
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.checks import USER_CODE
-from poison_pipeline.defs.naming import job_name, sensor_name
+from poison_pipeline.defs.alerts import USER_CODE_BROKEN
+from poison_pipeline.defs.naming import alert_job_name, alert_sensor_name, job_name, sensor_name
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline_tests.conftest import SPARK
 from poison_pipeline_tests.support import HANDLER, places
@@ -143,3 +144,28 @@ def test_status_and_enqueue_say_that_a_queue_s_code_does_not_import(tmp_path, ca
     assert main(["--config", str(path), "status", "--json"]) == 0
     problems = json.loads(capsys.readouterr().out)["code_problems"]
     assert list(problems) == ["refunds"] and "nope" in problems["refunds"][0]
+
+
+def test_a_queue_whose_code_does_not_import_raises_one_failed_alert_run(tmp_path):
+    declaration = load_declaration(_write(tmp_path), import_code=False)
+    defs = build_definitions(declaration)
+    names = {s.name for s in defs.get_repository_def().sensor_defs}
+    assert alert_sensor_name("refunds", USER_CODE_BROKEN) in names
+    assert alert_sensor_name("orders", USER_CODE_BROKEN) not in names  # a queue whose code imports has none
+    sensor = defs.get_sensor_def(alert_sensor_name("refunds", USER_CODE_BROKEN))
+    with DagsterInstance.ephemeral() as instance:
+        request = sensor(build_sensor_context(instance=instance, definitions=defs))
+        assert isinstance(request, RunRequest)
+        # The same problem has the same run key: Dagster launches it once, whatever the reloads.
+        again = defs.get_sensor_def(alert_sensor_name("refunds", USER_CODE_BROKEN))(
+            build_sensor_context(instance=instance, definitions=build_definitions(declaration)))
+        assert isinstance(again, RunRequest) and again.run_key == request.run_key
+        alert = defs.resolve_job_def(alert_job_name("refunds", USER_CODE_BROKEN))
+        ran = alert.execute_in_process(instance=instance, run_config={**QUIET, **(request.run_config or {})},
+                                       raise_on_error=False)
+    assert not ran.success  # failing is the alert: the run shows red
+    [failure] = [e for e in ran.all_events if e.is_step_failure]
+    text = failure.step_failure_data.error.to_string() if failure.step_failure_data.error else ""
+    described = failure.step_failure_data.user_failure_data
+    assert "refunds's code does not import" in (text + (described.description if described else ""))
+    assert "No module named 'nope'" in (text + (described.description if described else ""))

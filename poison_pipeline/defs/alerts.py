@@ -12,10 +12,11 @@ event once, in a run of the kind's alert job, which calls the declared alert hoo
 """
 
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dagster import (
@@ -64,6 +65,7 @@ from poison_pipeline.domain.user_code import call_hook
 from poison_pipeline.storage.control import QUEUE_DISABLED
 from poison_pipeline.storage.events import events_after, events_version
 from poison_pipeline.storage.tables import QueueTables
+from poison_pipeline.views.user_code import CodeProblem
 
 
 class FailureCountConfig(Config):
@@ -236,6 +238,32 @@ def alert_sensor(declaration: Declaration, queue: str, kind: str) -> SensorDefin
         return SensorResult(run_requests=[_request(queue, events) for events in runs], cursor=cursor)
 
     return evaluate
+
+
+# A queue whose code does not import where the code location loads: no event of its lake says so
+# (none of its cycles runs), so the code location raises it.
+USER_CODE_BROKEN = "user_code_broken"
+
+
+def user_code_broken_sensor(queue: str, problem: CodeProblem) -> SensorDefinition:
+    """Raises `problem` once, as a failed alert run: its run key is the problem's, so a location
+    reloaded with the same problem raises nothing new, and another problem raises again."""
+    event_id = f"{USER_CODE_BROKEN}:{hashlib.sha1(str(problem).encode()).hexdigest()[:16]}"
+
+    @sensor(name=alert_sensor_name(queue, USER_CODE_BROKEN), job_name=alert_job_name(queue, USER_CODE_BROKEN),
+            minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
+            description=f"The notification sensor of {queue}: raises its code not importing once, as a failed "
+            "alert run.")
+    def evaluate(context: SensorEvaluationContext) -> RunRequest:
+        event = QueueEvent(queue, event_id, USER_CODE_BROKEN, datetime.now(UTC), None,
+                           f"{queue}'s code does not import, so no cycle of it runs: {problem}")
+        return _request(queue, [event])
+
+    return evaluate
+
+
+def user_code_broken_job(declaration: Declaration, queue: str) -> JobDefinition:
+    return _failing_job(declaration, queue, USER_CODE_BROKEN, "its code not importing")
 
 
 def queue_disabled_sensor(declaration: Declaration, queue: str) -> SensorDefinition:

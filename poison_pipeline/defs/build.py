@@ -15,6 +15,8 @@ from poison_pipeline.defs.alerts import (
     queue_disabled_sensor,
     queue_recovered_job,
     queue_recovered_sensor,
+    user_code_broken_job,
+    user_code_broken_sensor,
 )
 from poison_pipeline.defs.assets import queue_assets
 from poison_pipeline.defs.checks import check_keys, queue_checks
@@ -54,6 +56,9 @@ def build_definitions(declaration: Declaration) -> Definitions:
         sensors.append(messages_failed_sensor(declaration, queue))
         jobs.append(action_left_job(declaration, queue))
         sensors.append(action_left_sensor(declaration, queue))
+        if (problem := broken.get(queue)) is not None:
+            jobs.append(user_code_broken_job(declaration, queue))
+            sensors.append(user_code_broken_sensor(queue, problem))
         if declaration.queue(queue).policy.outage_recovery is OutageRecovery.PROBE:
             jobs.append(queue_recovered_job(declaration, queue))
             sensors.append(queue_recovered_sensor(declaration, queue))
