@@ -169,3 +169,12 @@ def test_a_queue_whose_code_does_not_import_raises_one_failed_alert_run(tmp_path
     described = failure.step_failure_data.user_failure_data
     assert "refunds's code does not import" in (text + (described.description if described else ""))
     assert "No module named 'nope'" in (text + (described.description if described else ""))
+
+
+def test_every_command_names_the_file_and_line_of_a_declaration_error(tmp_path, capsys):
+    path = tmp_path / "poison_pipeline.yaml"
+    path.write_text("lake_root: lake\nqueues:\n  orders:\n    handler: poison_pipeline_tests.handlers:accept\n"
+                    "    policy:\n      receive_retry_count: -1\n")
+    for command in (["status"], ["groups"], ["actions"]):
+        assert main(["--config", str(path), *command]) == 2
+        assert f"{path}:6: queues.orders.policy.receive_retry_count = -1:" in capsys.readouterr().err

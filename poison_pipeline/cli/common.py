@@ -11,9 +11,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TypeAlias
 
-from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, load_declaration
+from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, DeclarationError, load_declaration
 from poison_pipeline.domain.durations import parse_time
 from poison_pipeline.operations.actions import default_actor
+from poison_pipeline.views.declaration_check import located_error
 from poison_pipeline.views.user_code import CodeProblem, code_problem
 
 PROG = "poison-pipeline"
@@ -78,7 +79,10 @@ def check_text_arguments(args: argparse.Namespace) -> None:
 def declaration_of(args: argparse.Namespace, *, import_code: bool = False) -> Declaration:
     """The declaration `--config` names. Operator commands run no handler: the application's
     modules are imported only when `import_code` (a command that calls a hook)."""
-    return load_declaration(args.config, import_code=import_code)
+    try:
+        return load_declaration(args.config, import_code=import_code)
+    except DeclarationError as error:  # each error with its file and line, as `check` says them
+        raise located_error(args.config, error) from None
 
 
 def code_problems_of(declaration: Declaration, queues: list[str]) -> dict[str, CodeProblem]:

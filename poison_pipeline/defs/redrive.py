@@ -68,7 +68,7 @@ class RedriveConfig(Config, RedriveOptions):
 
     # Narrower than the request's list of names: the launchpad checks each against the enum.
     source_tables: list[SourceTable] = Field(  # type: ignore[assignment]
-        default_factory=lambda: list(SourceTable), description="The failure tables to take messages from.")
+        default_factory=lambda: list(SourceTable), description=RedriveOptions.model_fields["source_tables"].description)
     actor: str | None = Field(default=None, description=ACTOR_HELP)
 
 

@@ -25,7 +25,7 @@ from poison_pipeline.domain.declaration import (
 )
 from poison_pipeline.views.user_code import code_problems, declaration_code_problem
 
-__all__ = ["DeclarationCheck", "check_declaration"]
+__all__ = ["DeclarationCheck", "check_declaration", "located_error"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,17 @@ def check_declaration(path: str | os.PathLike[str] | None = None) -> Declaration
     found = [line for problem in code_problems(declaration).values() for line in problem.lines]
     hook = declaration_code_problem(declaration)
     return DeclarationCheck(chosen, declaration, tuple(_located(chosen, found + ([hook] if hook else []))))
+
+
+def located_error(path: str | os.PathLike[str] | None, error: DeclarationError) -> DeclarationError:
+    """`error` (parse_declaration's: a first line naming the file, then one error each) with each
+    error's file and line in front, as `check` prints them."""
+    said = str(error).splitlines()
+    if len(said) < 2:
+        return error
+    chosen = declaration_path(path)
+    return DeclarationError("\n".join([said[0], *(f"  {line}" for line in _located(
+        chosen, [line.strip() for line in said[1:]]))]))
 
 
 def _located(path: Path, errors: list[str]) -> list[str]:
