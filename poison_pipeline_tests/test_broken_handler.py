@@ -15,9 +15,9 @@ from dagster import AssetCheckEvaluation, AssetKey, DagsterInstance, RunRequest,
 
 from poison_pipeline import enqueue
 from poison_pipeline.cli import main
+from poison_pipeline.defs.alerts import USER_CODE_BROKEN
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.checks import USER_CODE
-from poison_pipeline.defs.alerts import USER_CODE_BROKEN
 from poison_pipeline.defs.naming import alert_job_name, alert_sensor_name, job_name, sensor_name
 from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline_tests.conftest import SPARK

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from dagster import (
     AssetKey,
-    DagsterInvalidConfigError,
     BackfillPolicy,
     DagsterInstance,
+    DagsterInvalidConfigError,
     DailyPartitionsDefinition,
     ReexecutionOptions,
     build_reconstructable_job,
