@@ -226,19 +226,23 @@ def test_the_cycles_one_evaluation_finds_share_one_run_and_each_is_raised_once(t
     assert again.run_key != request.run_key
 
 
-def test_the_poison_cycle_raises_what_it_quarantined(tmp_path, instance):
+def test_a_failed_message_is_raised_once_not_again_when_the_poison_cycle_quarantines_it(tmp_path, instance):
     declaration = declare(tmp_path)
     defs = build_definitions(declaration)
     send(declaration, {"a1": {"fail": True}, "u1": {"unfixable": True}})
     run_cycle_job(defs, instance, "inbound")
     first = evaluate(declaration, instance, None)
-    poison_cycle = run_cycle_job(defs, instance, "poison")
-    [request] = evaluate(declaration, instance, first.cursor).run_requests
-    config = config_of(request)
-    assert (config["table"], config["run_id"], config["cycle_seq"]) == ("poison", poison_cycle.run_id, 1)
-    # The poison queue's reader moves each group to quarantine under the same id.
-    assert counts_of(request) == {("quarantine", table_group): 1
-                                  for _, table_group in counts_of(first.run_requests[0])}
+    assert len(first.run_requests) == 1
+    run_cycle_job(defs, instance, "poison")
+    assert failure_groups(declaration, "q", "quarantine")  # the poison cycle did quarantine them
+    after = evaluate(declaration, instance, first.cursor)
+    assert not after.run_requests
+    assert "raised when they were poisoned" in after.skip_reason.skip_message
+    # A message that fails again after a redrive is a new failure: raised again.
+    send(declaration, {"a2": {"fail": True}})
+    run_cycle_job(defs, instance, "inbound")
+    [again] = evaluate(declaration, instance, after.cursor).run_requests
+    assert config_of(again)["table"] == "inbound"
 
 
 def test_a_hook_that_raises_fails_the_alert_run_naming_its_error(tmp_path, instance):

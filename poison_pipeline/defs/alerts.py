@@ -8,7 +8,8 @@ event once, in a run of the kind's alert job, which calls the declared alert hoo
   the cycle's own commit): the events an evaluation finds share one run (up to `_BATCH`), so a
   queue failing a message every cycle raises a run per sensor interval, not one per cycle. The run
   succeeds, showing each cycle's failures per group and a link to the cycle's run; it fails only
-  when the hook does.
+  when the hook does. A failed message is raised once, when it first fails: the poison cycle's
+  quarantining (or dead-lettering) of messages raised when they were poisoned raises nothing more.
 """
 
 
@@ -62,6 +63,7 @@ from poison_pipeline.domain.alerts import (
 )
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.user_code import call_hook
+from poison_pipeline.domain.routing import POISON
 from poison_pipeline.storage.control import QUEUE_DISABLED
 from poison_pipeline.storage.events import events_after, events_version
 from poison_pipeline.storage.tables import QueueTables
@@ -141,18 +143,28 @@ def decide_alerts(tables: QueueTables, cursor: dict[str, Any], kind: str = QUEUE
         return AlertDecision([], {**last, "version": version},
                              f"no new event in {tables.queue}/events (version {version})")
     new = events_after(tables, seen if isinstance(seen, int) else None, kind)
-    next_cursor = {**last, "version": new.version, "raised": raised + len(new.events)}
-    if not new.events:
-        return AlertDecision([], next_cursor,
-                             f"no new {kind} event in {tables.queue}/events (version {new.version})")
-    newest = new.events[-1]
+    events = [e for e in new.events if raises_alert(e)]
+    next_cursor = {**last, "version": new.version, "raised": raised + len(events)}
+    if not events:
+        skip = f"no new {kind} event in {tables.queue}/events (version {new.version})"
+        if new.events:
+            skip = (f"{len(new.events)} new {kind} event(s) in {tables.queue}/events (version {new.version}), "
+                    f"each of a {POISON} cycle: its messages were raised when they were poisoned")
+        return AlertDecision([], next_cursor, skip)
+    newest = events[-1]
     next_cursor.update(last_event_id=newest.event_id, last_event_at=newest.at.isoformat())
     note = None
     if not new.incremental:
         note = (f"{tables.queue}/events: the commits after version {seen} are gone (log cleaned up or "
                 f"table recreated), so every {kind} event is requested again; run keys keep "
                 "the ones already raised from running twice")
-    return AlertDecision(new.events, next_cursor, None, note)
+    return AlertDecision(events, next_cursor, None, note)
+
+
+def raises_alert(event: QueueEvent) -> bool:
+    """Whether `event` raises an alert: every kind does, but a `messages_failed` event of the poison
+    cycle, whose messages failed before (they were raised when poisoned)."""
+    return event.kind != MESSAGES_FAILED or event.table != POISON
 
 
 def _op_name(queue: str, kind: str) -> str:
