@@ -29,13 +29,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 import bench_handler  # noqa: E402
 from cycle_throughput import emit  # noqa: E402
 
-from poison_pipeline.domain.declaration import Declaration, parse_declaration  # noqa: E402
+from poison_pipeline.domain.declaration import AgeLevels, Declaration, DepthLevels, parse_declaration  # noqa: E402
 from poison_pipeline.domain.envelope import parse_envelope  # noqa: E402
 from poison_pipeline.domain.routing import DEAD_LETTER, INBOUND, POISON, PROCESSED, QUARANTINE  # noqa: E402
 from poison_pipeline.operations.checks import (  # noqa: E402
     DEAD_LETTER_GROWTH,
     POISON_GROWTH,
     check_conservation,
+    check_depth,
     check_growth,
     check_oldest_waiting,
     check_one_place,
@@ -120,13 +121,14 @@ def run(workdir: str, messages: int, files: int, failed: int, rounds: int) -> di
         _fill(declaration, messages, files, failed)
         fill_s = round(time.perf_counter() - started, 1)
     assert check_conservation(tables).passed and check_one_place(tables).passed
-    hour = timedelta(hours=1)
+    hour = AgeLevels(warn=timedelta(hours=1))
     checks = {
         "conservation": lambda: check_conservation(tables),
         "one_place": lambda: check_one_place(tables),
         "poison_growth": lambda: check_growth(tables, POISON_GROWTH, 100, None),
         "dead_letter_growth": lambda: check_growth(tables, DEAD_LETTER_GROWTH, 100, None),
         "oldest_waiting_inbound": lambda: check_oldest_waiting(tables, INBOUND, hour),
+        "depth_quarantine": lambda: check_depth(tables, QUARANTINE, DepthLevels(warn=1)),
     }
     floors = {"narrow_read": lambda: _narrow_read(tables), "log_read": lambda: _log_read(tables)}
     timed = _interleaved({**checks, **floors}, rounds)

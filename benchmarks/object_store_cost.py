@@ -50,7 +50,7 @@ from cycle_throughput import emit  # noqa: E402
 from lake_seed import seed_enqueues  # noqa: E402
 
 from poison_pipeline.defs.sensors import decide  # noqa: E402
-from poison_pipeline.domain.declaration import Declaration, parse_declaration  # noqa: E402
+from poison_pipeline.domain.declaration import AgeLevels, Declaration, parse_declaration  # noqa: E402
 from poison_pipeline.operations.checks import (  # noqa: E402
     POISON_GROWTH,
     check_conservation,
@@ -126,7 +126,7 @@ def _checks(tables: QueueTables) -> dict[str, Callable[[], Any]]:
         "conservation": lambda: check_conservation(tables),
         "one_place": lambda: check_one_place(tables),
         "poison_growth": lambda: check_growth(tables, POISON_GROWTH, 1_000, None),
-        "oldest_waiting_inbound": lambda: check_oldest_waiting(tables, "inbound", timedelta(hours=1)),
+        "oldest_waiting_inbound": lambda: check_oldest_waiting(tables, "inbound", AgeLevels(warn=timedelta(hours=1))),
     }
 
 
