@@ -321,6 +321,11 @@ def accounted_seconds(spent: dict[str, float]) -> float:
                if (not k.startswith("commit: ") or "total" in k) and not k.endswith("[CPU s]"))
 
 
+def _rows_out(function: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+              batches: list[pa.RecordBatch]) -> int:
+    return sum(out.num_rows for out in function(iter(batches)))
+
+
 def python_per_row(declaration: Declaration, queue: str, now: datetime, rows: int) -> dict[str, float]:
     """Microseconds per message of the executor-side Python of each pass, measured in-process: the
     Spark jobs are Python-bound, so this is what sets their pace. Each pass gets the columns it
@@ -336,7 +341,7 @@ def python_per_row(declaration: Declaration, queue: str, now: datetime, rows: in
     spent: dict[str, float] = {}
     for name, (function, data) in passes.items():
         batches = data.to_batches(max_chunksize=10_000)
-        seconds, _ = timed(lambda f=function, b=batches: sum(out.num_rows for out in f(iter(b))))
+        seconds, _ = timed(functools.partial(_rows_out, function, batches))
         spent[f"{name}_us_per_msg"] = round(seconds / rows * 1e6, 2)
     return spent
 

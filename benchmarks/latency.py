@@ -90,8 +90,9 @@ class Feeder:
         n = 0
         while (now := time.time()) < start + self.seconds:
             due = int((now - start) * self.rate) + 1
-            records = [{"message_id": f"{self.phase}-{i}", "message_type": "inventory.withdraw", "body": body(i)}
-                       for i in range(n, due)]
+            records: list[dict[str, Any]] = [
+                {"message_id": f"{self.phase}-{i}", "message_type": "inventory.withdraw", "body": body(i)}
+                for i in range(n, due)]
             if records:
                 at = time.time()
                 result = enqueue(self.declaration, QUEUE, records)

@@ -57,9 +57,9 @@ def run(rounds: int, workdir: str) -> dict[str, Any]:
         started = time.perf_counter()
         _floor_pair(floor_uri, row, free)
         floor.append(time.perf_counter() - started)
-    result = {"benchmark": "lease_overhead", "rounds": rounds, "lease_ms": _summary(lease),
-              "floor_ms": _summary(floor), "load_average": [round(v, 2) for v in os.getloadavg()],
-              "cpus": os.cpu_count()}
+    result: dict[str, Any] = {"benchmark": "lease_overhead", "rounds": rounds, "lease_ms": _summary(lease),
+                              "floor_ms": _summary(floor), "load_average": [round(v, 2) for v in os.getloadavg()],
+                              "cpus": os.cpu_count()}
     result["ratio_median"] = round(result["lease_ms"]["median"] / result["floor_ms"]["median"], 2)
     return result
 

@@ -17,6 +17,7 @@ Prints one JSON line; target: the cycle on the store at most 1.3 times the local
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -75,7 +76,7 @@ def run(messages: int, delay_ms: float, workdir: str) -> dict[str, Any]:
             for queue in QUEUES:
                 declaration = stored if queue == "stored" else local
                 seconds[queue], report = timed(
-                    lambda d=declaration, q=queue: run_cycle(spark, d, q, "inbound", now=now, run_id="bench"))
+                    functools.partial(run_cycle, spark, declaration, queue, "inbound", now=now, run_id="bench"))
                 assert report.counts.get("messages") == messages, report.counts
         finally:
             spark.stop()

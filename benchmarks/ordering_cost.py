@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import functools
 import os
 import random
 import sys
@@ -157,8 +158,9 @@ def attempted_messages(declaration: Declaration, queue: str) -> int:
 
 
 def _last_stage(spark: SparkSession) -> int:
-    store = spark.sparkContext._jsc.sc().statusStore()  # type: ignore[union-attr]
-    gateway = spark.sparkContext._gateway  # type: ignore[attr-defined]
+    store = spark.sparkContext._jsc.sc().statusStore()
+    gateway = spark.sparkContext._gateway
+    assert gateway is not None  # set while a SparkContext is running
     found = store.stageList(None, False, False, gateway.new_array(gateway.jvm.double, 0), None)
     return max((found.apply(i).stageId() for i in range(found.size())), default=-1)
 
@@ -167,8 +169,9 @@ def stages_since(spark: SparkSession, after: int) -> list[dict[str, Any]]:
     """The completed Spark stages with an id above `after`, from the driver's status store (the UI
     is off): wall time, tasks, summed task time, JVM CPU, shuffle. The Python workers' CPU is not
     in `jvm_cpu_s`: they are other processes."""
-    store = spark.sparkContext._jsc.sc().statusStore()  # type: ignore[union-attr]
-    gateway = spark.sparkContext._gateway  # type: ignore[attr-defined]
+    store = spark.sparkContext._jsc.sc().statusStore()
+    gateway = spark.sparkContext._gateway
+    assert gateway is not None  # set while a SparkContext is running
     found = store.stageList(None, False, False, gateway.new_array(gateway.jvm.double, 0), None)
     stages = []
     for i in range(found.size()):
@@ -206,7 +209,11 @@ def _role(name: str, shuffle_read: int, shuffle_write: int) -> str:
     return "staging: read + Processor + write"
 
 
-def ordering_only(spark: SparkSession, files: list[str]) -> dict[str, float]:
+def _noop_write(frame: DataFrame) -> None:
+    frame.write.format("noop").mode("overwrite").save()
+
+
+def ordering_only(spark: SparkSession, files: list[str]) -> dict[str, dict[str, float]]:
     """The JVM work conversation ordering adds, without the Python: the cycle's read of the files,
     alone, then with the repartition by conversation, then with the sort too (in_conversation_order),
     each into Spark's `noop` sink. Best of three runs, in wall and in CPU seconds."""
@@ -219,7 +226,7 @@ def ordering_only(spark: SparkSession, files: list[str]) -> dict[str, float]:
     }
     spent: dict[str, dict[str, float]] = {}
     for name, frame in frames.items():
-        runs = [ct.measured(lambda f=frame: f.write.format("noop").mode("overwrite").save()) for _ in range(3)]
+        runs = [ct.measured(functools.partial(_noop_write, frame)) for _ in range(3)]
         spent[name] = {"wall_s": round(min(r[0] for r in runs), 2), "cpu_s": round(min(r[1] for r in runs), 2)}
     return spent
 
@@ -310,7 +317,7 @@ def run(messages: int, conversations: int, master: str, workdir: str, appends: i
             load = _load()
             with ct.phase_clock(EXTRA_PHASES) if phases else contextlib.nullcontext(None) as spent:
                 seconds, cpu, report = ct.measured(
-                    lambda q=queue: run_cycle(spark, declaration, q, "inbound", now=now, run_id=q))
+                    functools.partial(run_cycle, spark, declaration, queue, "inbound", now=now, run_id=queue))
             assert isinstance(report, CycleReport)
             if report.skipped:
                 raise RuntimeError(f"the {queue} cycle did nothing: {report.skipped}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing.synchronize import Event
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import bench_handler
 import pika
@@ -142,6 +142,12 @@ def poison_count(channel: Any) -> int:
     return int(channel.queue_declare(POISON_QUEUE, passive=True).method.message_count)
 
 
+class _Publishing(TypedDict):
+    next: int  # the next message to publish
+    confirmed: int  # how many the broker confirmed
+    started: float  # perf_counter() at `go`
+
+
 def publish(port: int, messages: int, go: Event, done: Any, ready: Any) -> None:
     """Publish `messages` persistent messages with confirms, at most CONFIRM_WINDOW unconfirmed;
     `done` gets the seconds from `go` to the last confirm. The messages are built before `ready`
@@ -152,7 +158,7 @@ def publish(port: int, messages: int, go: Event, done: Any, ready: Any) -> None:
     with ready.get_lock():
         ready.value += 1
     parameters = pika.ConnectionParameters("127.0.0.1", port, heartbeat=0)
-    state = {"next": 0, "confirmed": 0, "started": 0.0}
+    state: _Publishing = {"next": 0, "confirmed": 0, "started": 0.0}
 
     def fill(channel: Any) -> None:
         while state["next"] < messages and state["next"] - state["confirmed"] < CONFIRM_WINDOW:
@@ -183,8 +189,9 @@ def publish(port: int, messages: int, go: Event, done: Any, ready: Any) -> None:
         state["started"] = time.perf_counter()
         fill(channel)
 
-    connection = pika.SelectConnection(parameters, on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
-                                       on_close_callback=lambda *_: connection.ioloop.stop())
+    connection: pika.SelectConnection = pika.SelectConnection(
+        parameters, on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+        on_close_callback=lambda *_: connection.ioloop.stop())
     connection.ioloop.start()
 
 

@@ -56,7 +56,7 @@ def _declaration(lake: Path):
 
 
 def _dagster(lake: Path, first: str, last: str) -> int:
-    from dagster import DagsterInstance
+    from dagster import DagsterInstance, IntMetadataValue
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     job = build_definitions(_declaration(lake)).resolve_job_def(redrive_job_name("q"))
@@ -64,7 +64,9 @@ def _dagster(lake: Path, first: str, last: str) -> int:
         result = job.execute_in_process(instance=instance, run_config=QUIET, tags={
             ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last})
     events = result.get_asset_materialization_events()
-    return int(events[0].step_materialization_data.materialization.metadata["moved"].value)
+    moved = events[0].step_materialization_data.materialization.metadata["moved"]
+    assert isinstance(moved, IntMetadataValue) and moved.value is not None  # MetadataValue.int(...)
+    return moved.value
 
 
 def _plain(lake: Path, start: datetime, end: datetime) -> int:

@@ -139,7 +139,8 @@ def run_job(config: str, name: str) -> dict[str, Any]:
     started = time.perf_counter()
     from dagster import DagsterInstance, build_reconstructable_job, execute_job
 
-    job = build_reconstructable_job("small_cycle", "job_of", reconstructable_args=(config, name))
+    # By keyword: Dagster annotates the positional arguments `tuple[object]`, a single one.
+    job = build_reconstructable_job("small_cycle", "job_of", reconstructable_kwargs={"config": config, "name": name})
     loaded = time.perf_counter() - started
     with DagsterInstance.get() as instance:
         clock = time.perf_counter()
@@ -147,6 +148,7 @@ def run_job(config: str, name: str) -> dict[str, Any]:
             if not result.success:
                 raise RuntimeError(f"the Dagster run {result.run_id} failed")
             stats = instance.get_run_stats(result.run_id)
+            assert stats.start_time is not None and stats.end_time is not None  # a finished run
             steps = {s.step_key: round(s.end_time - s.start_time, 3) for s in instance.get_run_step_stats(result.run_id)
                      if s.start_time and s.end_time}
     return {"import_s": round(loaded, 3), "execute_s": round(time.perf_counter() - clock, 3),

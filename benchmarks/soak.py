@@ -448,7 +448,8 @@ class Soak:
         failed because a commit lost a race to a concurrent one (delta-rs's CommitFailedError: a
         known defect, counted apart so that the soak still sees any other kind) come second."""
         killed = {k["run_id"] for k in self.tally.kills}
-        found, conflicts = [], []
+        found: list[dict[str, str]] = []
+        conflicts: list[dict[str, str]] = []
         for run in runs:
             if run.status != "FAILURE" or run.run_id in killed or run.job.endswith("__queue_disabled_alert"):
                 continue

@@ -62,8 +62,8 @@ def deliveries(declaration: Declaration, records: list[dict[str, Any]], runs: li
     committed nothing and its cycle's messages are delivered again (the README: receivers are
     idempotent by id); every processed message delivered, every delivered one processed."""
     spans: dict[int, list[RunSpan]] = defaultdict(list)
-    for span in runs:
-        spans[span.pid].append(span)
+    for run in runs:
+        spans[run.pid].append(run)
     committed: Counter[str] = Counter()
     uncommitted: Counter[str] = Counter()
     seen: dict[str, list[dict[str, Any]]] = defaultdict(list)
