@@ -62,8 +62,8 @@ from poison_pipeline.domain.alerts import (
     merged_failures,
 )
 from poison_pipeline.domain.declaration import Declaration
-from poison_pipeline.domain.user_code import call_hook
 from poison_pipeline.domain.routing import POISON
+from poison_pipeline.domain.user_code import call_hook
 from poison_pipeline.storage.control import QUEUE_DISABLED
 from poison_pipeline.storage.events import events_after, events_version
 from poison_pipeline.storage.tables import QueueTables

@@ -22,7 +22,13 @@ from poison_pipeline.defs.assets import queue_assets
 from poison_pipeline.defs.checks import check_keys, queue_checks
 from poison_pipeline.defs.jobs import cycle_job
 from poison_pipeline.defs.operator_jobs import operator_jobs
-from poison_pipeline.defs.redrive import redrive_asset, redrive_job
+from poison_pipeline.defs.redrive import (
+    failure_groups_sensor,
+    redrive_asset,
+    redrive_group_asset,
+    redrive_group_job,
+    redrive_job,
+)
 from poison_pipeline.defs.resources import SparkResource
 from poison_pipeline.defs.schedules import maintenance_schedules, retention_schedules
 from poison_pipeline.defs.sensors import transmission_sensor, waiting_sensor
@@ -62,9 +68,10 @@ def build_definitions(declaration: Declaration) -> Definitions:
         if declaration.queue(queue).policy.outage_recovery is OutageRecovery.PROBE:
             jobs.append(queue_recovered_job(declaration, queue))
             sensors.append(queue_recovered_sensor(declaration, queue))
-        # The operator's console: redrive by failure day, actions with typed config, retention.
-        assets.append(redrive_asset(declaration, queue))
-        jobs += [redrive_job(queue), *operator_jobs(declaration, queue)]
+        # The operator's console: redrive by failure day or group, actions with typed config, retention.
+        assets += [redrive_asset(declaration, queue), redrive_group_asset(declaration, queue)]
+        jobs += [redrive_job(queue), redrive_group_job(queue), *operator_jobs(declaration, queue)]
+        sensors.append(failure_groups_sensor(declaration, queue))
         schedules += [*retention_schedules(declaration, queue), *maintenance_schedules(declaration, queue)]
     return Definitions(
         assets=assets,

@@ -60,6 +60,27 @@ def simulation_asset_key(queue: str) -> AssetKey:
     return AssetKey([queue, SIMULATION])
 
 
+REDRIVE_GROUP = "redrive_group"
+
+
+def redrive_group_asset_key(queue: str) -> AssetKey:
+    """The redrive asset partitioned by failure group."""
+    return AssetKey([queue, REDRIVE_GROUP])
+
+
+def redrive_group_job_name(queue: str) -> str:
+    return f"{queue}__{REDRIVE_GROUP}_job"
+
+
+def failure_groups_partitions_name(queue: str) -> str:
+    """The dynamic partitions of `redrive_group`: the queue's failure group ids."""
+    return f"{queue}__failure_groups"
+
+
+def failure_groups_sensor_name(queue: str) -> str:
+    return f"{queue}__failure_groups_sensor"
+
+
 def redrive_job_name(queue: str) -> str:
     # Not `{queue}__redrive`: that is the redrive asset's op.
     return f"{queue}__{REDRIVE}_job"

@@ -1,27 +1,43 @@
-"""The redrive asset of a queue: partitioned by the day messages failed, materializing a range of
-days sends that range's failures back into the queue's inbound in one run (operations/redrive.py,
-the code the CLI runs)."""
+"""The redrive assets of a queue, two ways of choosing what goes back into its inbound (in one run,
+by operations/redrive.py, the code the CLI runs):
+
+- `redrive`, partitioned by the day messages failed: a range of days answers "what failed while
+  that deploy was out", whatever the cause;
+- `redrive_group`, partitioned by failure group (dynamic partitions that `<queue>__failure_groups_sensor`
+  keeps to the groups the failure tables hold): a group answers "this cause is fixed", across
+  midnight and across poison, dead_letter and quarantine, one run (and one undo id) per group.
+"""
 
 import functools
+import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict
-from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
+    AddDynamicPartitionsRequest,
     AssetExecutionContext,
     AssetObservation,
     AssetsDefinition,
     BackfillPolicy,
     Config,
     DailyPartitionsDefinition,
+    DefaultSensorStatus,
+    DeleteDynamicPartitionsRequest,
+    DynamicPartitionsDefinition,
+    Failure,
     MaterializeResult,
     MetadataValue,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
     asset,
     define_asset_job,
     in_process_executor,
+    sensor,
 )
 from pydantic import Field
 
@@ -31,12 +47,18 @@ from poison_pipeline.defs.naming import (
     DRY_RUN_TAG,
     QUEUE_TAG,
     asset_key,
+    failure_groups_partitions_name,
+    failure_groups_sensor_name,
     redrive_asset_key,
+    redrive_group_asset_key,
+    redrive_group_job_name,
     redrive_job_name,
 )
 from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
+from poison_pipeline.defs.sensors import parse_cursor
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, POISON, QUARANTINE
+from poison_pipeline.operations.groups import UnknownGroup, failure_groups, locate_group
 from poison_pipeline.operations.ramp import RampResult
 from poison_pipeline.operations.redrive import SAMPLE, RedriveOptions, RedriveRequest, RedriveResult, redrive
 from poison_pipeline.operations.requests import ActionContext
@@ -77,9 +99,8 @@ def redrive_id(root: str) -> str:
     return f"redrive-{root}"
 
 
-def _metadata(request: RedriveRequest, start: datetime, end: datetime, results: list[RedriveResult],
-              ramp: RampResult | None
-              ) -> dict[str, Any]:
+def _metadata(request: RedriveRequest, scope: dict[str, str], results: list[RedriveResult],
+              ramp: RampResult | None) -> dict[str, Any]:
     by_group: Counter[str] = Counter()
     by_type: Counter[str] = Counter()
     for result in results:
@@ -91,8 +112,8 @@ def _metadata(request: RedriveRequest, start: datetime, end: datetime, results: 
     return {
         "dry_run": MetadataValue.bool(request.dry_run),
         "target": MetadataValue.text(f"{request.to or request.queue}/{INBOUND}"),
-        "failed_from": MetadataValue.text(start.isoformat()),
-        "failed_before": MetadataValue.text(end.isoformat()),
+        # What was chosen: the failure days (failed_from, failed_before) or the group.
+        **{name: MetadataValue.text(value) for name, value in scope.items()},
         "selected": MetadataValue.int(total("selected")),
         moved: MetadataValue.int(total("moved")),
         "skipped_processed": MetadataValue.int(total("skipped_processed")),
@@ -130,33 +151,122 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
     )
     def redrive_failures(context: AssetExecutionContext, config: RedriveConfig) -> Iterator[MaterializeResult]:
         window = context.partition_time_window
-        start, end = window.start, window.end
-        fields = config.model_dump(exclude={"actor"}) | {"source_tables": [str(t) for t in config.source_tables]}
-        request = RedriveRequest.model_validate(
-            fields | {"queue": queue, "id": config.id or redrive_id(root_run_id(context.op_execution_context))})
-        actor = actor_of(context.op_execution_context, config.actor)
-        # The runs list tells a preview from a redrive, and who ran it.
-        context.instance.add_run_tags(context.run.run_id, {DRY_RUN_TAG: str(request.dry_run).lower(),
-                                                           ACTOR_TAG: actor})
-        with redacted_failures():  # Dagster logs an error with its causes: no credentials in them
-            before = failure_versions(declaration, queue)
-            report = redrive(declaration, request.within(start, end), ActionContext(
-                actor=actor, run_id=context.run.run_id, progress=functools.partial(_log_progress, context, queue)))
-            for observation in observe_changed(declaration, queue, before):
-                context.log_event(observation)
-        for result in report.results:
-            context.log.info(f"{queue}/{result.source} -> {result.target}/{INBOUND}: moved {result.moved} of "
-                             f"{result.selected} selected ({result.redrive_id}"
-                             f"{', completed earlier' if result.already_done else ''})")
-        if report.ramp is not None:
-            context.log.info(format_ramp(report.ramp))
-        metadata = _metadata(request, start, end, report.results, report.ramp)
-        if request.dry_run:  # moved nothing: observed, so no failure day is marked redriven
-            context.log_event(AssetObservation(redrive_asset_key(queue), metadata=metadata))
-            return
-        yield MaterializeResult(metadata=metadata)
+        request = _request(context, queue, config, {})
+        yield from _redrive(context, declaration, request.within(window.start, window.end), config, {
+            "failed_from": window.start.isoformat(), "failed_before": window.end.isoformat()})
 
     return redrive_failures
+
+
+def _request(context: AssetExecutionContext, queue: str, config: RedriveConfig,
+             chosen: dict[str, Any]) -> RedriveRequest:
+    fields = config.model_dump(exclude={"actor"}) | {"source_tables": [str(t) for t in config.source_tables]}
+    return RedriveRequest.model_validate(fields | chosen | {
+        "queue": queue, "id": config.id or redrive_id(root_run_id(context.op_execution_context))})
+
+
+def _redrive(context: AssetExecutionContext, declaration: Declaration, request: RedriveRequest,
+             config: RedriveConfig, scope: dict[str, str]) -> Iterator[MaterializeResult]:
+    """Run `request` for the asset being materialized: tags, progress, observations of the failure
+    tables it changed, and its metadata (a dry run observes the asset and marks nothing)."""
+    queue = request.queue
+    actor = actor_of(context.op_execution_context, config.actor)
+    # The runs list tells a preview from a redrive, and who ran it.
+    context.instance.add_run_tags(context.run.run_id, {DRY_RUN_TAG: str(request.dry_run).lower(), ACTOR_TAG: actor})
+    with redacted_failures():  # Dagster logs an error with its causes: no credentials in them
+        before = failure_versions(declaration, queue)
+        report = redrive(declaration, request, ActionContext(
+            actor=actor, run_id=context.run.run_id, progress=functools.partial(_log_progress, context, queue)))
+        for observation in observe_changed(declaration, queue, before):
+            context.log_event(observation)
+    for result in report.results:
+        context.log.info(f"{queue}/{result.source} -> {result.target}/{INBOUND}: moved {result.moved} of "
+                         f"{result.selected} selected ({result.redrive_id}"
+                         f"{', completed earlier' if result.already_done else ''})")
+    if report.ramp is not None:
+        context.log.info(format_ramp(report.ramp))
+    metadata = _metadata(request, scope, report.results, report.ramp)
+    if request.dry_run:  # moved nothing: observed, so no partition is marked redriven
+        partition = context.partition_key if context.has_partition_key else None
+        context.log_event(AssetObservation(context.asset_key, partition=partition, metadata=metadata))
+        return
+    yield MaterializeResult(metadata=metadata)
+
+
+def failure_group_partitions(queue: str) -> DynamicPartitionsDefinition:
+    return DynamicPartitionsDefinition(name=failure_groups_partitions_name(queue))
+
+
+def redrive_group_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
+    tables = QueueTables.of(declaration, queue)
+
+    @asset(
+        key=redrive_group_asset_key(queue),
+        deps=[asset_key(queue, t) for t in FAILURE_TABLES],
+        group_name=queue,
+        kinds={"delta"},
+        partitions_def=failure_group_partitions(queue),
+        # One run per group: each is a redrive of its own, with its own id for `undo`.
+        backfill_policy=BackfillPolicy.multi_run(1),
+        description=f"Sends the messages of the chosen failure group back into {queue}/{INBOUND}.",
+        metadata={"redrives_into": f"{queue}/{INBOUND}", "redrives_into_uri": tables.uri(INBOUND)},
+        output_required=False,  # a dry run, or a group whose messages all left, materializes nothing
+    )
+    def redrive_group(context: AssetExecutionContext, config: RedriveConfig) -> Iterator[MaterializeResult]:
+        group = context.partition_key
+        if config.group not in (None, group):
+            raise Failure(f"group {config.group!r} in the config, but the partition chosen is group {group!r}: "
+                          "the partition is the group, leave `group` out of the config")
+        request = _request(context, queue, config, {"group": group})
+        try:
+            locate_group(declaration, group, queue)
+        except UnknownGroup as gone:
+            # Its messages left since the partitions were listed: nothing to send, nothing marked.
+            context.log.warning(f"{gone}: nothing to redrive")
+            return
+        yield from _redrive(context, declaration, request, config, {"group": group})
+
+    return redrive_group
+
+
+def redrive_group_job(queue: str) -> "UnresolvedAssetJobDefinition":
+    """The group redrive asset as a job of its own, so its runs carry the queue tag."""
+    return define_asset_job(
+        name=redrive_group_job_name(queue),
+        selection=[redrive_group_asset_key(queue)],
+        executor_def=in_process_executor,
+        tags={QUEUE_TAG: queue},
+        description=f"Redrives the chosen failure groups back into {queue}/{INBOUND}, a run per group.",
+    )
+
+
+def failure_groups_sensor(declaration: Declaration, queue: str) -> SensorDefinition:
+    """Keeps the partitions of `redrive_group` to the failure groups the queue's failure tables hold:
+    a group that appears is added, a group whose messages all left is removed. Its cursor is the
+    failure tables' versions: while none moved, an evaluation reads their logs only."""
+    name = failure_groups_partitions_name(queue)
+
+    @sensor(name=failure_groups_sensor_name(queue), minimum_interval_seconds=15,
+            default_status=DefaultSensorStatus.RUNNING,
+            description=f"Lists the failure groups of {queue} as the partitions of its redrive_group asset.")
+    def evaluate(context: SensorEvaluationContext) -> SensorResult:
+        versions = failure_versions(declaration, queue)
+        cursor = json.dumps(versions, sort_keys=True)
+        if parse_cursor(context.cursor) == versions:
+            return SensorResult(skip_reason=SkipReason(f"no failure table of {queue} changed"), cursor=cursor)
+        held = {g.id for g in failure_groups(declaration, queue)}
+        listed = set(context.instance.get_dynamic_partitions(name))
+        requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
+        if added := sorted(held - listed):
+            requests.append(AddDynamicPartitionsRequest(name, added))
+        if gone := sorted(listed - held):
+            requests.append(DeleteDynamicPartitionsRequest(name, gone))
+        if not requests:
+            return SensorResult(skip_reason=SkipReason(f"the {len(held)} failure group(s) of {queue} are listed"),
+                                cursor=cursor)
+        return SensorResult(dynamic_partitions_requests=requests, cursor=cursor)
+
+    return evaluate
 
 
 def redrive_job(queue: str) -> "UnresolvedAssetJobDefinition":
