@@ -212,7 +212,7 @@ def test_simulate_records_its_report_as_the_metadata_of_the_queues_simulation_as
     assert not bad.success and "backoff.multiplier = -1" in failure_text(bad)
 
 
-def test_an_operator_run_is_tagged_with_its_actor_and_whether_it_previews_and_observes_what_it_changed(lake):
+def test_an_operator_run_is_tagged_with_its_actor_and_whether_it_previews_and_materializes_what_it_changed(lake):
     job = build_definitions(lake).resolve_job_def(operator_job_name("q", "purge"))
     step = operator_op_name("q", "purge")
     found = {}
@@ -223,7 +223,8 @@ def test_an_operator_run_is_tagged_with_its_actor_and_whether_it_previews_and_ob
             run = instance.get_run_by_id(result.run_id)
             assert run is not None
             found[confirm] = (run.tags["poison_pipeline/dry_run"], run.tags["poison_pipeline/actor"],
-                              {o.asset_key.path[-1]: o.metadata["rows"].value
-                               for o in result.asset_observations_for_node(step)})
-    # The preview changed nothing, so it observes nothing; the purge observes poison: "old" left, two stay.
+                              {m.asset_key.path[-1]: m.metadata["rows"].value
+                               for m in result.asset_materializations_for_node(step)})
+    # The preview changed nothing, so it materializes nothing; the purge materializes poison: "old"
+    # left, two stay.
     assert found == {False: ("true", "erin", {}), True: ("false", "erin", {"poison": 2})}

@@ -342,6 +342,8 @@ class Browser:
 
     def fail(self, what: str, step: str) -> None:
         screenshot = self.shot(f"failure-{step}")
+        # The page's markup beside its screenshot: what to look for when the UI's structure changed.
+        (self.folder / f"failure-{step}.html").write_text(self.driver.page_source)
         pytest.fail(f"{what}; page text: {self.text()[:2000]!r}; screenshot: {screenshot}{self.server.tail()}")
 
     def wait(self, what: str, step: str, found: Callable[[], Any], timeout_s: float = 60) -> Any:

@@ -111,9 +111,9 @@ def give_config(browser: Browser, yaml_text: str, step: str) -> None:
     browser.wait("the config editor to find no errors", step, lambda: "No errors" in browser.text())
 
 
-def choose_partitions(browser: Browser, selection: str, config: str, step: str) -> None:
-    """On the redrive asset's page: open the partitions dialog, type the partitions, add config."""
-    browser.open(f"/assets/{'/'.join(redrive_asset_key(QUEUE).path)}")
+def open_partitions_dialog(browser: Browser, asset: list[str], step: str) -> None:
+    """On `asset`'s page: open the partitions dialog ("Materialize…")."""
+    browser.open(f"/assets/{'/'.join(asset)}")
     browser.click("//button[normalize-space(.)='Materialize…']", step)
     # The failure tables upstream may never have been materialized: Dagster asks first.
     dialog = browser.wait("the partitions dialog (or the upstream warning)", step, lambda: (
@@ -121,8 +121,10 @@ def choose_partitions(browser: Browser, selection: str, config: str, step: str) 
     assert dialog
     if "Are you sure?" in browser.text():
         browser.click("//button[normalize-space(.)='Confirm']", step)
-    partitions = browser.element("//input[@placeholder='No matching partitions']", step)
-    partitions.send_keys(selection + "\n")
+
+
+def add_config(browser: Browser, config: str, step: str) -> None:
+    """In the open partitions dialog: add the launch's config and save it."""
     browser.click("//*[normalize-space(text())='Config']", step)
     browser.click("//button[normalize-space(.)='Add config']", step)
     give_config(browser, config, step)
@@ -130,6 +132,14 @@ def choose_partitions(browser: Browser, selection: str, config: str, step: str) 
     browser.wait("the config editor to close and the dialog to say the config is saved", step, lambda: (
         "Config saved" in browser.text()
         and not browser.driver.find_elements(By.XPATH, "//*[normalize-space(text())='Config Editor']")))
+
+
+def choose_partitions(browser: Browser, selection: str, config: str, step: str) -> None:
+    """On the redrive asset's page: open the partitions dialog, type the partitions, add config."""
+    open_partitions_dialog(browser, redrive_asset_key(QUEUE).path, step)
+    partitions = browser.element("//input[@placeholder='No matching partitions']", step)
+    partitions.send_keys(selection + "\n")
+    add_config(browser, config, step)
 
 
 def test_the_operator_tour_in_a_browser(failure_days, tmp_path: Path) -> None:

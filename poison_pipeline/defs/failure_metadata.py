@@ -1,13 +1,13 @@
 """Materialization metadata of the failure tables (poison, dead_letter, quarantine) and of the
 ledgers: counts the UI plots over time, and the biggest failure groups as a Markdown table; the
-queue's health figures each cycle records; the observations of failure tables an operator changed."""
+queue's health figures each cycle records; the materializations of failure tables an operator changed."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
-from dagster import AssetMaterialization, AssetObservation, MetadataValue
+from dagster import AssetMaterialization, MetadataValue
 
 from poison_pipeline.defs.naming import asset_key
 from poison_pipeline.domain.alerts import FailureCount
@@ -102,27 +102,32 @@ def ledger_versions(declaration: Declaration, queue: str,
 
 
 def failure_versions(declaration: Declaration, queue: str) -> dict[str, int]:
-    """The versions of every failure table: what `observe_changed` compares with."""
+    """The versions of every failure table: what `materialize_changed` compares with."""
     return ledger_versions(declaration, queue, FAILURE_TABLES)
 
 
-def observe_changed(declaration: Declaration, queue: str, before: dict[str, int]) -> list[AssetObservation]:
-    """An observation of each failure table an operator's run changed since `before`
-    (`failure_versions`), with what its page shows (rows, failure groups) and the queue's health:
-    the page is current without a cycle, and nothing is marked materialized."""
-    changed = [t for t, version in failure_versions(declaration, queue).items() if version != before[t]]
-    figures = health_metadata(declaration, queue) if changed else {}
-    return [AssetObservation(asset_key=asset_key(queue, table),
-                             metadata={**table_metadata(declaration, queue, table), **figures})
+def _changed(declaration: Declaration, queue: str, before: dict[str, int], *,
+             with_health: bool) -> list[AssetMaterialization]:
+    changed = [t for t, version in ledger_versions(declaration, queue, tuple(before)).items() if version != before[t]]
+    figures = health_metadata(declaration, queue) if changed and with_health else {}
+    return [AssetMaterialization(asset_key=asset_key(queue, table),
+                                 metadata={**table_metadata(declaration, queue, table), **figures})
             for table in changed]
+
+
+def materialize_changed(declaration: Declaration, queue: str, before: dict[str, int]) -> list[AssetMaterialization]:
+    """A materialization of each failure table an operator's run changed since `before`
+    (`failure_versions`), with what its page shows (rows, failure groups) and the queue's health:
+    as a cycle's, each materialization of a failure table is a change of it, and its page is
+    current without waiting for a cycle."""
+    return _changed(declaration, queue, before, with_health=True)
 
 
 def changed_ledgers(declaration: Declaration, queue: str, before: dict[str, int]) -> list[AssetMaterialization]:
     """A materialization of each of dead_letter and quarantine whose version moved since `before`
     (`ledger_versions`): the run that wrote to them reports them, so each materialization the UI
     shows is a change of the table, with its failure groups."""
-    return [AssetMaterialization(asset_key=asset_key(queue, table), metadata=table_metadata(declaration, queue, table))
-            for table, version in ledger_versions(declaration, queue).items() if version != before[table]]
+    return _changed(declaration, queue, before, with_health=False)
 
 
 def failure_counts_markdown(failures: tuple[FailureCount, ...]) -> str:

@@ -25,7 +25,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from poison_pipeline.defs.failure_metadata import failure_versions, observe_changed
+from poison_pipeline.defs.failure_metadata import failure_versions, materialize_changed
 from poison_pipeline.defs.naming import (
     ACTOR_TAG,
     DRY_RUN_TAG,
@@ -249,8 +249,8 @@ def _operator_job(declaration: Declaration, queue: str, action: str) -> JobDefin
             context.instance.add_run_tags(context.run.run_id, _run_tags(context, config))
             before = failure_versions(declaration, queue)
             output = body(context, config)
-            for observation in observe_changed(declaration, queue, before):
-                context.log_event(observation)
+            for materialization in materialize_changed(declaration, queue, before):
+                context.log_event(materialization)
             return output
 
     # The config parameter's annotation is what Dagster turns into the Launchpad's schema.

@@ -41,7 +41,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from poison_pipeline.defs.failure_metadata import failure_versions, observe_changed
+from poison_pipeline.defs.failure_metadata import failure_versions, materialize_changed
 from poison_pipeline.defs.naming import (
     ACTOR_TAG,
     DRY_RUN_TAG,
@@ -167,7 +167,7 @@ def _request(context: AssetExecutionContext, queue: str, config: RedriveConfig,
 
 def _redrive(context: AssetExecutionContext, declaration: Declaration, request: RedriveRequest,
              config: RedriveConfig, scope: dict[str, str]) -> Iterator[MaterializeResult]:
-    """Run `request` for the asset being materialized: tags, progress, observations of the failure
+    """Run `request` for the asset being materialized: tags, progress, materializations of the failure
     tables it changed, and its metadata (a dry run observes the asset and marks nothing)."""
     queue = request.queue
     actor = actor_of(context.op_execution_context, config.actor)
@@ -177,8 +177,8 @@ def _redrive(context: AssetExecutionContext, declaration: Declaration, request: 
         before = failure_versions(declaration, queue)
         report = redrive(declaration, request, ActionContext(
             actor=actor, run_id=context.run.run_id, progress=functools.partial(_log_progress, context, queue)))
-        for observation in observe_changed(declaration, queue, before):
-            context.log_event(observation)
+        for materialization in materialize_changed(declaration, queue, before):
+            context.log_event(materialization)
     for result in report.results:
         context.log.info(f"{queue}/{result.source} -> {result.target}/{INBOUND}: moved {result.moved} of "
                          f"{result.selected} selected ({result.redrive_id}"
