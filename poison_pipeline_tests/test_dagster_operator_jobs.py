@@ -228,3 +228,18 @@ def test_an_operator_run_is_tagged_with_its_actor_and_whether_it_previews_and_ma
     # The preview changed nothing, so it materializes nothing; the purge materializes poison: "old"
     # left, two stay.
     assert found == {False: ("true", "erin", {}), True: ("false", "erin", {"poison": 2})}
+
+
+
+@pytest.mark.parametrize(("action", "config", "previews"), [
+    ("simulate", {"policy_yaml": "max_retry_cycles: 3"}, "true"),  # changes nothing
+    ("archive", {"table": "poison", "ids": ["old"], "dry_run": True}, "true"),
+    ("enable", {"reason": "back"}, None),  # no preview to tell apart
+])
+def test_each_operator_job_says_whether_its_run_only_previews(lake, action, config, previews):
+    job = build_definitions(lake).resolve_job_def(operator_job_name("q", action))
+    with DagsterInstance.ephemeral() as instance:
+        result = job.execute_in_process(instance=instance, run_config=run_config(operator_op_name("q", action), config))
+        run = instance.get_run_by_id(result.run_id)
+    assert result.success and run is not None
+    assert run.tags.get("poison_pipeline/dry_run") == previews

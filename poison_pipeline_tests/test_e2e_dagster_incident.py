@@ -154,8 +154,20 @@ def choose_group(browser: Browser, group: str, config: str, step: str) -> None:
     """On the group redrive asset's page: pick `group` among its partitions, add config."""
     open_partitions_dialog(browser, redrive_group_asset_key(QUEUE).path, step)
     # Dynamic partitions are chosen from a list (the tag selector), not typed as a range.
-    browser.click("//div[normalize-space(text())='Select a partition or create one']", step)
-    browser.click(f"//*[@role='menuitem'][.//*[normalize-space(text())='{group}']]", step)
+    selector = "//div[@aria-haspopup][.//div[normalize-space(text())='Select a partition or create one']]"
+    item = f"//*[@role='menuitem'][.//*[normalize-space(text())='{group}']]"
+
+    def listed() -> Any:
+        # The list opens on a click once the dialog has settled: click again until it shows.
+        shown = [e for e in browser.driver.find_elements(By.XPATH, item) if e.is_displayed()]
+        if not shown:
+            for opener in browser.driver.find_elements(By.XPATH, selector):
+                if opener.is_displayed() and opener.get_attribute("aria-expanded") != "true":
+                    opener.click()
+                    break
+        return shown[0] if shown else None
+
+    browser.wait(f"group {group} in the partitions list", step, listed).click()
     browser.driver.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
     browser.wait("one partition selected", step, lambda: "1 partition" in browser.text())
     add_config(browser, config, step)

@@ -308,7 +308,12 @@ def test_every_materialization_of_the_failure_tables_carries_their_groups(tmp_pa
     top = poison["failure_groups_top"]
     [biggest, other] = failure_groups(declaration, "q", "poison")
     first = biggest.first_failure_at.strftime("%Y-%m-%d %H:%M:%SZ")
-    assert f"| {biggest.as_of} | 3 | {first} |" in top
+    # The error (class name, message, top frame) and the examples lead; the times follow.
+    assert top.splitlines()[0] == ("| group | count | error | e.g. | message types | first failure | last failure "
+                                   "| note |")
+    assert f"| {biggest.as_of} | 3 | {biggest.error_type.rsplit('.', 1)[-1]}: " in top
+    assert f"| {first} |" in top
+    assert "." in other.error_type and f"{other.error_type}:" not in top  # its module: in `groups --json`
     assert f"| {other.as_of} | 2 |" in top and "ValueError: message &lt;id&gt; always fails" in top
     # Its message types and latest example ids, as `groups` prints them.
     assert f"| {', '.join(biggest.example_ids)} |" in top and len(biggest.example_ids) == 3

@@ -5,7 +5,8 @@ The server is started from pyspark's own script with the declaration's Spark set
 localhost only, and is stopped by its process id when `dagster dev` ends (Ctrl-C, SIGTERM, or a
 failure). Every run of this deployment shares one server-side session ($POISON_PIPELINE_SPARK_REMOTE
 names it), so the Python workers stay warm between runs. A declaration that already names a
-`remote` server is used as it is. Usage: python tools/ui.py [dagster dev options]
+`remote` server is used as it is. `dagster dev` logs warnings and errors only (sensor ticks are in
+the UI); `--log-level info` brings back a line per tick. Usage: python tools/ui.py [dagster dev options]
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def main(args: list[str]) -> int:
     env = dict(os.environ)
     # The webserver on localhost only, whatever dagster's default becomes; `-h HOST` still chooses.
     host = [] if {"-h", "--host", "--dagit-host"} & {a.split("=")[0] for a in args} else ["--host", "127.0.0.1"]
-    dagster = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", "workspace.yaml", *host, *args]
+    # The daemon logs every sensor tick at info (thousands in half an hour): warnings and errors only,
+    # unless `--log-level` is given; ticks and runs are in the UI (Automation, Runs).
+    quiet = [] if "--log-level" in {a.split("=")[0] for a in args} else ["--log-level", "warning"]
+    dagster = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", "workspace.yaml", *host, *quiet, *args]
     if declaration.spark.remote:
         return subprocess.call(dagster, env=env)
     print("starting a Spark Connect server for the runs (localhost only)...", flush=True)

@@ -42,7 +42,9 @@ def _error(group: FailureGroup) -> str:
     if group.signature is None:
         return f"no error: {', '.join(group.reasons)}"
     at = f" (at {group.top_frame})" if group.top_frame else ""
-    return f"{group.error_type}: {group.error_message}{at}"
+    # The class name alone: the module path is in `groups --json`, and the column stays readable.
+    kind = (group.error_type or "").rsplit(".", 1)[-1]
+    return f"{kind}: {group.error_message}{at}"
 
 
 def failure_group_metadata(groups: list[FailureGroup], shown: int = SHOWN_GROUPS) -> dict[str, Any]:
@@ -53,10 +55,11 @@ def failure_group_metadata(groups: list[FailureGroup], shown: int = SHOWN_GROUPS
     rows = []
     for group in groups[:shown]:
         types = ", ".join(f"{kind} {n}" for kind, n in sorted(group.message_types.items(), key=lambda t: -t[1]))
-        rows.append([group.as_of, str(group.count), _time(group.first_failure_at), _time(group.last_failure_at),
-                     _error(group), types, ", ".join(group.example_ids[:EXAMPLES]),
+        # What an operator reads first leads: the error and examples, before the times.
+        rows.append([group.as_of, str(group.count), _error(group), ", ".join(group.example_ids[:EXAMPLES]), types,
+                     _time(group.first_failure_at), _time(group.last_failure_at),
                      "" if group.note is None else note_text(group.note)])
-    table = _markdown(["group", "count", "first failure", "last failure", "error", "message types", "e.g.", "note"],
+    table = _markdown(["group", "count", "error", "e.g.", "message types", "first failure", "last failure", "note"],
                       rows)
     if len(groups) > shown:
         table += f"\n\n{len(groups) - shown} smaller group(s) not shown: `poison-pipeline groups` lists them all."

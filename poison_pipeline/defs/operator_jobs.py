@@ -61,56 +61,72 @@ from poison_pipeline.text.purge import format_purge
 from poison_pipeline.text.simulation import simulation_markdown
 
 
-class EnableConfig(Config, EnableOptions):
+class OperatorConfig(Config):
+    """An operator job's config: its action's options, who acts, and whether the run only previews."""
+
     actor: str | None = Field(default=None, description=ACTOR_HELP)
 
-
-class EndConversationConfig(Config, EndConversationOptions):
-    actor: str | None = Field(default=None, description=ACTOR_HELP)
-
-
-class EditConfig(Config, EditOptions):
-    actor: str | None = Field(default=None, description=ACTOR_HELP)
+    def previews(self) -> bool | None:
+        """Whether the run changes nothing (the runs list tells previews from actions); None: the
+        action has no preview."""
+        return None
 
 
-class PurgeConfig(Config, PurgeOptions):
-    actor: str | None = Field(default=None, description=ACTOR_HELP)
+class EnableConfig(OperatorConfig, EnableOptions):
+    pass
 
 
-class ArchiveConfig(Config, ArchiveOptions):
-    actor: str | None = Field(default=None, description=ACTOR_HELP)
+class EndConversationConfig(OperatorConfig, EndConversationOptions):
+    pass
 
 
-class RestoreConfig(Config, RestoreOptions):
-    actor: str | None = Field(default=None, description=ACTOR_HELP)
+class EditConfig(OperatorConfig, EditOptions):
+    pass
 
 
-class UndoConfig(Config, UndoOptions):
-    actor: str | None = Field(default=None, description=ACTOR_HELP)
+class PurgeConfig(OperatorConfig, PurgeOptions):
+    def previews(self) -> bool | None:
+        return not self.confirm
 
 
-class SimulateConfig(Config):
+class ArchiveConfig(OperatorConfig, ArchiveOptions):
+    def previews(self) -> bool | None:
+        return self.dry_run
+
+
+class RestoreConfig(OperatorConfig, RestoreOptions):
+    def previews(self) -> bool | None:
+        return self.dry_run
+
+
+class UndoConfig(OperatorConfig, UndoOptions):
+    pass
+
+
+class SimulateConfig(OperatorConfig):
     policy_yaml: str = Field(description="The candidate policy as YAML: the fields of a queue's `policy:` section.")
     since: str | None = Field(default=None, description="Only journeys whose first attempt is this recent "
                                                          "(90, 30m, 7d); default: every recorded attempt.")
 
+    def previews(self) -> bool | None:
+        return True  # a simulation changes nothing
 
-def _request(model: type[Request], config: Config, **values: Any) -> Any:
+
+def _request(model: type[Request], config: OperatorConfig, **values: Any) -> Any:
     """The action's request from a job's run config (what the config leaves out, the job says)."""
     return model.model_validate(config.model_dump(exclude={"actor"}) | values)
 
 
-def _context(context: OpExecutionContext, config: Config) -> ActionContext:
-    return ActionContext(actor=actor_of(context, getattr(config, "actor", None)), run_id=context.run.run_id)
+def _context(context: OpExecutionContext, config: OperatorConfig) -> ActionContext:
+    return ActionContext(actor=actor_of(context, config.actor), run_id=context.run.run_id)
 
 
-def _run_tags(context: OpExecutionContext, config: Config) -> dict[str, str]:
-    """Who acts, and whether the run only previews (a dry run, a purge not confirmed): the runs
-    list tells them apart."""
+def _run_tags(context: OpExecutionContext, config: OperatorConfig) -> dict[str, str]:
+    """Who acts, and whether the run only previews (a dry run, a purge not confirmed, a simulation):
+    the runs list tells them apart."""
     tags = {ACTOR_TAG: _context(context, config).actor}
-    if hasattr(config, "dry_run") or hasattr(config, "confirm"):
-        preview = bool(getattr(config, "dry_run", False)) or getattr(config, "confirm", True) is False
-        tags[DRY_RUN_TAG] = str(preview).lower()
+    if (previews := config.previews()) is not None:
+        tags[DRY_RUN_TAG] = str(previews).lower()
     return tags
 
 
@@ -226,7 +242,7 @@ def _simulate(declaration: Declaration, queue: str) -> Callable[..., Output]:
     return run
 
 
-_ACTIONS: dict[str, tuple[Callable[[Declaration, str], Callable[..., Output]], type[Config], str]] = {
+_ACTIONS: dict[str, tuple[Callable[[Declaration, str], Callable[..., Output]], type[OperatorConfig], str]] = {
     "enable": (_enable, EnableConfig, "Enables the queue, resuming its cycles."),
     "end_conversation": (_end_conversation, EndConversationConfig,
                          "Ends a conversation with an error, dead-lettering its waiting messages."),
@@ -244,7 +260,7 @@ def _operator_job(declaration: Declaration, queue: str, action: str) -> JobDefin
     factory, config_class, description = _ACTIONS[action]
     body = factory(declaration, queue)
 
-    def compute(context: OpExecutionContext, config: Config) -> Output:
+    def compute(context: OpExecutionContext, config: OperatorConfig) -> Output:
         with redacted_failures():  # Dagster logs an error with its causes: no credentials in them
             context.instance.add_run_tags(context.run.run_id, _run_tags(context, config))
             before = failure_versions(declaration, queue)
