@@ -300,7 +300,7 @@ def test_the_dead_letter_asset_carries_its_failure_groups(make_declaration) -> N
     assert (metadata["failure_groups"], metadata["failed_messages"], metadata["largest_failure_group"]) == (2, 3, 2)
     top = metadata["failure_groups_top"]
     assert "| 01234567@1 | 2 |" in top and "KeyError: 'SKU-&lt;n&gt;'" in top
-    assert "| order 2 | a2, a1 |" in top  # message types and the latest example ids
+    assert "| a2, a1 | order 2 |" in top  # the latest example ids and the message types
 
 
 # -- a real cycle: two bugs, two groups -------------------------------------------------------------
