@@ -276,7 +276,8 @@ def test_a_redrive_and_a_purge_without_an_id_are_new_actions_each_time(make_decl
     cycle(declaration)
     ids = {redrive_module.redrive_table(declaration, "q", POISON, dry_run=True, now=now).redrive_id for _ in range(2)}
     assert len(ids) == 2
-    first = purge_table(declaration, "q", POISON, 0, now=now + timedelta(seconds=1))
+    # After the cycle, however long it took: m1 failed before this moment.
+    first = purge_table(declaration, "q", POISON, 0, now=datetime.now(UTC) + timedelta(seconds=1))
     send(declaration, "q", {"m2": {"fail": True}})
     cycle(declaration)
     second = purge_table(declaration, "q", POISON, 0)
