@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from cycle_throughput import emit  # noqa: E402
 
 from poison_pipeline.defs.build import build_definitions  # noqa: E402
-from poison_pipeline.defs.naming import redrive_job_name  # noqa: E402
+from poison_pipeline.defs.naming import redrive_asset_key, redrive_job_name  # noqa: E402
 from poison_pipeline.domain.declaration import parse_declaration  # noqa: E402
 from poison_pipeline.operations.redrive import redrive_table  # noqa: E402
 from poison_pipeline.operations.selection import Selection  # noqa: E402
@@ -63,8 +63,9 @@ def _dagster(lake: Path, first: str, last: str) -> int:
     with DagsterInstance.ephemeral() as instance:
         result = job.execute_in_process(instance=instance, run_config=QUIET, tags={
             ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last})
-    events = result.get_asset_materialization_events()
-    moved = events[0].step_materialization_data.materialization.metadata["moved"]
+    # The run also materializes the failure tables it changed: the redrive asset's says what moved.
+    [event, *_] = [e for e in result.get_asset_materialization_events() if e.asset_key == redrive_asset_key("q")]
+    moved = event.step_materialization_data.materialization.metadata["moved"]
     assert isinstance(moved, IntMetadataValue) and moved.value is not None  # MetadataValue.int(...)
     return moved.value
 
