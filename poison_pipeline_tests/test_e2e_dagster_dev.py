@@ -62,20 +62,24 @@ CYCLES_TIMEOUT_S = 360  # the retry sensor ticks every 60 s: a cycle slower than
 ALERT_TIMEOUT_S = 120  # the failure sensor ticks every 30 s
 
 
-def _declaration_file(tmp_path: Path) -> Path:
+_ORDERS = {QUEUE: {
+    "handler": "poison_pipeline.examples.handlers:place_order",
+    "policy": {
+        "receive_retry_count": 0,
+        "max_retry_cycles": 1,
+        "retry_cycle_delay": "3s",
+        "receive_error_handling": "reject",
+    },
+}}
+
+
+def _declaration_file(tmp_path: Path, queues: dict[str, Any] | None = None) -> Path:
+    """A declaration of `queues` (default: the orders queue) with a lake in tmp_path and a small Spark."""
     path = tmp_path / "poison_pipeline.yaml"
     path.write_text(yaml.safe_dump({
         "lake_root": str(tmp_path / "lake"),
         "spark": {"master": "local[2]", "config": {"spark.sql.shuffle.partitions": "2"}},
-        "queues": {QUEUE: {
-            "handler": "poison_pipeline.examples.handlers:place_order",
-            "policy": {
-                "receive_retry_count": 0,
-                "max_retry_cycles": 1,
-                "retry_cycle_delay": "3s",
-                "receive_error_handling": "reject",
-            },
-        }},
+        "queues": queues or _ORDERS,
     }))
     return path
 

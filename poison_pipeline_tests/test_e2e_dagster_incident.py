@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
@@ -22,7 +21,7 @@ from poison_pipeline.domain.declaration import load_declaration
 from poison_pipeline.operations.groups import failure_groups
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.storage.tables import QueueTables
-from poison_pipeline_tests.test_e2e_dagster_dev import LOCATION, Browser, DagsterDev, serving
+from poison_pipeline_tests.test_e2e_dagster_dev import LOCATION, Browser, DagsterDev, _declaration_file, serving
 from poison_pipeline_tests.test_e2e_dagster_tour import add_config, finished_run, open_partitions_dialog, tags
 
 pytestmark = pytest.mark.e2e
@@ -39,19 +38,12 @@ CAUSES = {
 IDS = {cause: [f"w-{cause.lower()}-{i}" for i in range(len(bodies))] for cause, bodies in CAUSES.items()}
 
 
-def _declaration_file(tmp_path: Path) -> Path:
-    path = tmp_path / "poison_pipeline.yaml"
-    path.write_text(yaml.safe_dump({
-        "lake_root": str(tmp_path / "lake"),
-        "spark": {"master": "local[2]", "config": {"spark.sql.shuffle.partitions": "2"}},
-        "queues": {QUEUE: {
-            "handler": "poison_pipeline.examples.handlers:withdraw_inventory",
-            "policy": {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "move",
-                       "unrecoverable": {"exceptions": ["poison_pipeline.examples.handlers:PartObsolete"]}},
-            "poison_queue": {"handler": None},
-        }},
-    }))
-    return path
+QUEUES = {QUEUE: {
+    "handler": "poison_pipeline.examples.handlers:withdraw_inventory",
+    "policy": {"receive_retry_count": 0, "max_retry_cycles": 0, "receive_error_handling": "move",
+               "unrecoverable": {"exceptions": ["poison_pipeline.examples.handlers:PartObsolete"]}},
+    "poison_queue": {"handler": None},
+}}
 
 
 def quarantined(declaration: Any) -> set[str]:
@@ -91,7 +83,7 @@ def test_an_incident_worked_from_the_ui(spark, tmp_path: Path, monkeypatch: pyte
     app_db.mkdir()
     (app_db / "inventory.unit-bug").touch()
     monkeypatch.setenv("POISON_PIPELINE_APP_DB", str(app_db))
-    config = _declaration_file(tmp_path)
+    config = _declaration_file(tmp_path, QUEUES)
     declaration = load_declaration(config)
     records = [{"message_id": mid, "message_type": "inventory.withdrawal", "body": body}
                for cause, bodies in CAUSES.items() for mid, body in zip(IDS[cause], bodies, strict=True)]

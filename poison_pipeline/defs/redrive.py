@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetExecutionContext,
+    AssetKey,
     AssetObservation,
     AssetsDefinition,
     BackfillPolicy,
@@ -133,21 +134,28 @@ def _metadata(request: RedriveRequest, scope: dict[str, str], results: list[Redr
     }
 
 
-def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
-    tables = QueueTables.of(declaration, queue)
-
-    @asset(
-        key=redrive_asset_key(queue),
+def _redrive_asset_args(declaration: Declaration, queue: str) -> dict[str, Any]:
+    """What both redrive assets of a queue share."""
+    return {
         # Downstream of the failure tables only: the inbound it writes to is upstream of them, and
         # lineage must stay acyclic. The metadata says where the messages go.
-        deps=[asset_key(queue, t) for t in FAILURE_TABLES],
-        group_name=queue,
-        kinds={"delta"},
+        "deps": [asset_key(queue, t) for t in FAILURE_TABLES],
+        "group_name": queue,
+        "kinds": {"delta"},
+        "metadata": {"redrives_into": f"{queue}/{INBOUND}",
+                     "redrives_into_uri": QueueTables.of(declaration, queue).uri(INBOUND)},
+        # A dry run (or a group whose messages all left) materializes nothing.
+        "output_required": False,
+    }
+
+
+def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
+    @asset(
+        key=redrive_asset_key(queue),
         partitions_def=REDRIVE_PARTITIONS,
         backfill_policy=BackfillPolicy.single_run(),
         description=f"Sends the messages that failed on the chosen days back into {queue}/{INBOUND}.",
-        metadata={"redrives_into": f"{queue}/{INBOUND}", "redrives_into_uri": tables.uri(INBOUND)},
-        output_required=False,  # a dry run materializes nothing
+        **_redrive_asset_args(declaration, queue),
     )
     def redrive_failures(context: AssetExecutionContext, config: RedriveConfig) -> Iterator[MaterializeResult]:
         window = context.partition_time_window
@@ -198,19 +206,13 @@ def failure_group_partitions(queue: str) -> DynamicPartitionsDefinition:
 
 
 def redrive_group_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
-    tables = QueueTables.of(declaration, queue)
-
     @asset(
         key=redrive_group_asset_key(queue),
-        deps=[asset_key(queue, t) for t in FAILURE_TABLES],
-        group_name=queue,
-        kinds={"delta"},
         partitions_def=failure_group_partitions(queue),
         # One run per group: each is a redrive of its own, with its own id for `undo`.
         backfill_policy=BackfillPolicy.multi_run(1),
         description=f"Sends the messages of the chosen failure group back into {queue}/{INBOUND}.",
-        metadata={"redrives_into": f"{queue}/{INBOUND}", "redrives_into_uri": tables.uri(INBOUND)},
-        output_required=False,  # a dry run, or a group whose messages all left, materializes nothing
+        **_redrive_asset_args(declaration, queue),
     )
     def redrive_group(context: AssetExecutionContext, config: RedriveConfig) -> Iterator[MaterializeResult]:
         group = context.partition_key
@@ -231,13 +233,8 @@ def redrive_group_asset(declaration: Declaration, queue: str) -> AssetsDefinitio
 
 def redrive_group_job(queue: str) -> "UnresolvedAssetJobDefinition":
     """The group redrive asset as a job of its own, so its runs carry the queue tag."""
-    return define_asset_job(
-        name=redrive_group_job_name(queue),
-        selection=[redrive_group_asset_key(queue)],
-        executor_def=in_process_executor,
-        tags={QUEUE_TAG: queue},
-        description=f"Redrives the chosen failure groups back into {queue}/{INBOUND}, a run per group.",
-    )
+    return _queue_job(queue, redrive_group_job_name(queue), redrive_group_asset_key(queue),
+                      f"Redrives the chosen failure groups back into {queue}/{INBOUND}, a run per group.")
 
 
 def failure_groups_sensor(declaration: Declaration, queue: str) -> SensorDefinition:
@@ -271,13 +268,13 @@ def failure_groups_sensor(declaration: Declaration, queue: str) -> SensorDefinit
 
 def redrive_job(queue: str) -> "UnresolvedAssetJobDefinition":
     """The redrive asset as a job of its own, so runs and backfills launched from it carry the queue tag."""
-    return define_asset_job(
-        name=redrive_job_name(queue),
-        selection=[redrive_asset_key(queue)],
-        executor_def=in_process_executor,
-        tags={QUEUE_TAG: queue},
-        description=f"Redrives the failures of the chosen days back into {queue}/{INBOUND}.",
-    )
+    return _queue_job(queue, redrive_job_name(queue), redrive_asset_key(queue),
+                      f"Redrives the failures of the chosen days back into {queue}/{INBOUND}.")
+
+
+def _queue_job(queue: str, name: str, key: AssetKey, description: str) -> "UnresolvedAssetJobDefinition":
+    return define_asset_job(name=name, selection=[key], executor_def=in_process_executor, tags={QUEUE_TAG: queue},
+                            description=description)
 
 
 def _log_progress(context: AssetExecutionContext, moving: str, moved: int, total: int) -> None:
