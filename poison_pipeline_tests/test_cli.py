@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from poison_pipeline.cli import main
 from poison_pipeline.domain.declaration import CONFIG_ENV, load_declaration
 from poison_pipeline.operations.cycle import run_cycle
-from poison_pipeline.operations.enqueue import refused_path
+from poison_pipeline.operations.enqueue import reasons_path, refused_path
 from poison_pipeline.storage.control import queue_state, set_enabled
 from poison_pipeline.storage.tables import EVENTS, QueueTables
 from poison_pipeline_tests.support import table_versions
@@ -88,6 +88,11 @@ def test_enqueue_refuses_a_malformed_line_and_enqueues_the_rest(tmp_path: Path, 
     assert refused_path(source) == refused
     assert refused.read_text() == bad + "\n"
     assert str(refused) in out
+    # Why, line for line, beside the lines to fix.
+    reasons = tmp_path / "batch.refused.reasons.jsonl"
+    assert [json.loads(line) for line in reasons.read_text().splitlines()] == [
+        {"line": 3, "refused_line": 1, "message_id": "m-bad", "reason": "sequence_number: 'x' must be an integer"}]
+    assert str(reasons) in out
 
 
 def test_enqueue_refuses_lines_that_would_break_the_whole_batch(tmp_path: Path, capsys) -> None:
@@ -112,6 +117,10 @@ def test_enqueue_refuses_lines_that_would_break_the_whole_batch(tmp_path: Path, 
     assert inbound_ids(config) == ["good"]
     # The refused lines are kept byte for byte, invalid UTF-8 included.
     assert refused_path(source).read_bytes() == b"".join(source.read_bytes().split(b"\n", 1)[1:])
+    reasons = [json.loads(line) for line in reasons_path(refused_path(source)).read_text().splitlines()]
+    assert [(r["line"], r["refused_line"], r["message_id"]) for r in reasons] == [
+        (2, 1, None), (3, 2, "lone\ud800"), (4, 3, None)]
+    assert reasons[2]["reason"].startswith("not valid JSON")
 
 
 def test_enqueue_all_valid_exits_0_and_writes_no_refused_file(tmp_path: Path, capsys) -> None:

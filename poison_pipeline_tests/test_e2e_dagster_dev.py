@@ -219,7 +219,8 @@ def _assert_lineage(server: DagsterDev) -> None:
         assetKey { path } dependencyKeys { path } groupName kinds jobNames } }""",
         {"group": {"groupName": QUEUE, "repositoryName": REPOSITORY, "repositoryLocationName": LOCATION}})
     nodes = {"/".join(n["assetKey"]["path"]): n for n in data["assetNodes"]}
-    assert set(nodes) == {f"{QUEUE}/{t}" for t in (*TABLES, "redrive")}, f"{sorted(nodes)}{server.tail()}"
+    assert set(nodes) == {f"{QUEUE}/{t}" for t in (*TABLES, "redrive", "redrive_group")}, \
+        f"{sorted(nodes)}{server.tail()}"
     upstream = {key.split("/")[1]: {"/".join(d["path"]).split("/")[1] for d in n["dependencyKeys"]}
                 for key, n in nodes.items()}
     assert upstream == {
@@ -232,6 +233,7 @@ def _assert_lineage(server: DagsterDev) -> None:
         "transmission": {"inbound", "retry_1", "poison"},
         # Downstream of the failure tables, not upstream of the inbound it sends back to.
         "redrive": {"poison", "dead_letter", "quarantine"},
+        "redrive_group": {"poison", "dead_letter", "quarantine"},
     }
     assert {"spark", "delta"} <= set(nodes[f"{QUEUE}/inbound"]["kinds"])
     assert job_name(QUEUE, "retry_1") in nodes[f"{QUEUE}/retry_1"]["jobNames"]

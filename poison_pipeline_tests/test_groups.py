@@ -410,7 +410,8 @@ GROUP_KEYS = ["id", "queue", "table", "signature", "error_type", "error_message"
 def test_groups_json_is_stable(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--config", str(lake), "groups", "--json", "--table", "dead_letter"]) == 0
     output = json.loads(capsys.readouterr().out)
-    assert list(output) == ["checked_at", "groups"]
+    assert list(output) == ["checked_at", "since", "until", "groups"]
+    assert (output["since"], output["until"]) == (None, None)
     [group] = output["groups"]
     assert list(group) == GROUP_KEYS
     assert {k: group[k] for k in ("id", "queue", "table", "signature", "error_type", "count", "reasons",
@@ -433,6 +434,48 @@ def test_groups_usage_errors(lake: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "no queue 'nope' is declared" in capsys.readouterr().err
     assert main(["--config", str(lake), "groups", "--table", "inbound"]) == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_groups_since_and_until_count_only_the_failures_of_their_window(
+        spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "poison_pipeline.yaml"
+    config.write_text(yaml.safe_dump({"lake_root": "lake", "queues": {"q": MOVE_AT_ONCE}}))
+    declaration = load_declaration(str(config))
+    enqueue(declaration, "q", [{"message_id": f"early-{n}", "message_type": "order", "body": {"sku": f"SKU-{n + 17}"}}
+                               for n in range(3)])
+    run_cycle(spark, declaration, "q", "inbound")
+    between = datetime.now(UTC)
+    enqueue(declaration, "q", [{"message_id": "late-1", "message_type": "order", "body": {"sku": "SKU-9"}},
+                               {"message_id": "late-2", "message_type": "refund", "body": {"payload": "{x"}}])
+    run_cycle(spark, declaration, "q", "inbound")
+
+    def counts(*window: str) -> dict[tuple[str | None, str | None], int]:
+        assert main(["--config", str(config), "groups", "--json", *window]) == 0
+        groups = json.loads(capsys.readouterr().out)["groups"]
+        return {(g["error_type"], g["top_frame"]): g["count"] for g in groups}
+
+    assert counts() == {PRICE_BUG: 4, PARSE_BUG: 1}
+    assert counts("--since", "1h") == {PRICE_BUG: 4, PARSE_BUG: 1}
+    # The price bug failed before and after `between`: each side counts its own messages.
+    assert counts("--since", between.isoformat()) == {PRICE_BUG: 1, PARSE_BUG: 1}
+    assert counts("--until", between.isoformat()) == {PRICE_BUG: 3}
+    assert counts("--since", "1h", "--until", "30m") == {}
+    assert main(["--config", str(config), "groups", "--until", between.isoformat()]) == 0
+    out = capsys.readouterr().out
+    assert "1 failure group(s), 3 failed message(s)" in out and "early-" in out and "late-" not in out
+
+
+def test_groups_refuses_a_window_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "poison_pipeline.yaml"
+    config.write_text(yaml.safe_dump({"lake_root": "lake", "queues": {"q": MOVE_AT_ONCE}}))
+    assert main(["--config", str(config), "groups", "--since", "yesterday"]) == 2
+    assert "'yesterday' is neither an age (90, 30m, 1h, 7d) nor an ISO 8601 time" in capsys.readouterr().err
+    assert main(["--config", str(config), "groups", "--since", "30m", "--until", "1h"]) == 2
+    assert "is not before until" in capsys.readouterr().err
+    assert main(["--config", str(config), "groups", "--since", "9999999d"]) == 2
+    assert "longer than" in capsys.readouterr().err
+    assert main(["--config", str(config), "groups", "--since", "1h"]) == 0
+    assert "hold no message that failed since" in capsys.readouterr().out
 
 
 def test_groups_of_a_queue_without_failures_is_a_success(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

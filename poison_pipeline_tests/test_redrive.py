@@ -262,6 +262,14 @@ def test_redrive_of_a_group_whose_messages_all_left_exits_1_nothing_to_move(lake
     assert cli.main(["--config", str(config), "redrive", "q", "--from", "poison", "--group", down.id]) == \
         cli.EXIT_INCOMPLETE
     assert "nothing to move" in capsys.readouterr().err
+    # From every failure table: the same answer, and nothing changes.
+    every = ["--from", "poison", "--from", "dead_letter", "--from", "quarantine"]
+    before = table_versions(declaration)
+    assert cli.main(["--config", str(config), "redrive", "q", *every, "--group", down.id]) == cli.EXIT_INCOMPLETE
+    assert "nothing to move" in capsys.readouterr().err
+    assert table_versions(declaration) == before
+    # A group id that is no id at all stays a bad argument.
+    assert cli.main(["--config", str(config), "redrive", "q", *every, "--group", "nope"]) == cli.EXIT_USAGE
 
 
 def test_a_redrive_against_a_running_cycle_waits_then_fails_naming_it_and_changes_nothing(spark, lake, tmp_path):

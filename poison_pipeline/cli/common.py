@@ -8,11 +8,11 @@ import base64
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TypeAlias
 
 from poison_pipeline.domain.declaration import CONFIG_ENV, Declaration, DeclarationError, load_declaration
-from poison_pipeline.domain.durations import parse_time
+from poison_pipeline.domain.durations import parse_moment, parse_time
 from poison_pipeline.operations.actions import default_actor
 from poison_pipeline.views.declaration_check import located_error
 from poison_pipeline.views.user_code import CodeProblem, code_problem
@@ -123,5 +123,13 @@ def moment(text: str) -> datetime:
     """An ISO 8601 time argument; UTC when it names no zone."""
     try:
         return parse_time(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def moment_or_age(text: str) -> datetime:
+    """A time argument given as an age before now (1h) or an ISO 8601 time."""
+    try:
+        return parse_moment(text, now=datetime.now(UTC))
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None

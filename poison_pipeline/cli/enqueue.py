@@ -19,7 +19,7 @@ from poison_pipeline.cli.common import (
     complain,
     declaration_of,
 )
-from poison_pipeline.operations.enqueue import enqueue_data, refused_path, write_refused
+from poison_pipeline.operations.enqueue import enqueue_data, reasons_path, refused_path, write_refused
 
 
 def add_parser(commands: Commands) -> None:
@@ -29,7 +29,9 @@ def add_parser(commands: Commands) -> None:
         "body_base64, encoding, conversation_id, sequence_number, enqueued_at, expires_at,\n"
         "sender, headers) and append the valid ones to the queue's inbound table in one commit.\n"
         "Each refused line is reported with its line number, message id and reason, and copied\n"
-        "to FILE.refused.jsonl beside the input (the .jsonl suffix replaced), so nothing is lost.\n"
+        "as it was to FILE.refused.jsonl beside the input (the .jsonl suffix replaced), so nothing\n"
+        "is lost; FILE.refused.reasons.jsonl holds, line for line, why: {\"line\", \"refused_line\",\n"
+        "\"message_id\", \"reason\"}.\n"
         "When the queue's handler (or other code it names) does not import here, the messages are\n"
         "still enqueued (they wait until it does) and a warning says so on stderr.",
         run,
@@ -72,5 +74,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG} enqueue: error: could not write the refused lines to {target}: {error}; "
               f"they are still in {path}", file=sys.stderr)
         return EXIT_INCOMPLETE
-    print(f"refused {len(result.refused)}; the refused lines are in {target}")
+    print(f"refused {len(result.refused)}; the refused lines are in {target}, their reasons in "
+          f"{reasons_path(target)}")
     return EXIT_INCOMPLETE

@@ -65,6 +65,21 @@ def parse_time(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+def parse_moment(text: str, *, now: datetime) -> datetime:
+    """A moment as operators give one: an age before `now` (90, 30m, 1h, 7d) or an ISO 8601 time.
+    Raises ValueError naming both forms."""
+    try:
+        return now - parse_duration(text)
+    except ValueError as not_an_age:
+        if _SHORT.fullmatch(text) or _ISO.fullmatch(text.strip()):
+            raise  # an age out of bounds: its own message says which bound
+        try:
+            return parse_time(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is neither an age (90, 30m, 1h, 7d) nor an ISO 8601 time "
+                             "(2026-11-22T10:00Z)") from not_an_age
+
+
 def when(moment: datetime | None) -> str:
     """A moment as the operator's output shows it (UTC, to the second); '-' for none."""
     return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")

@@ -5,11 +5,12 @@ The lines that are plainly valid are read together, straight from the file's byt
 `parse_texts` for lines given one by one); every other line is checked one by one by
 `operations.records.land_lines`, which appends the valid ones in one commit. Each refusal keeps its
 line number, its message id (when it has one) and the reason, and the refused lines can be
-written beside the input so that nothing is lost.
+written beside the input, with their reasons in a file of their own, so that nothing is lost.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,9 +84,25 @@ def refused_path(path: Path) -> Path:
     return path.with_name(f"{stem}.refused.jsonl")
 
 
+def reasons_path(refused: Path) -> Path:
+    """`orders.refused.jsonl` -> `orders.refused.reasons.jsonl`: why each of its lines was refused."""
+    return refused.with_name(f"{refused.name.removesuffix('.jsonl')}.reasons.jsonl")
+
+
+def reason_lines(refused: tuple[Refusal, ...]) -> bytes:
+    """One JSON object per refused line, in the same order: the line's number in the input and in
+    the refused file, its message id (null when it has none) and the reason."""
+    return b"".join(json.dumps({"line": r.line.number, "refused_line": n, "message_id": r.message_id,
+                                "reason": r.error}, default=str).encode("ascii") + b"\n"
+                    for n, r in enumerate(refused, start=1))
+
+
 def write_refused(target: Path, refused: tuple[Refusal, ...]) -> None:
-    """Write the refused lines, as they were, to `target` (see `refused_path`); OSError if it cannot."""
-    # A reader (or a re-run) never sees half a file of refused lines.
-    partial = target.with_name(target.name + ".tmp")
-    partial.write_bytes(b"".join(r.line.raw.rstrip(b"\r") + b"\n" for r in refused))
-    partial.replace(target)
+    """Write the refused lines, as they were (so that, fixed, the file can be enqueued again), to
+    `target` (see `refused_path`) and their reasons beside it (`reasons_path`); OSError if it cannot."""
+    # A reader (or a re-run) never sees half a file.
+    for path, data in ((reasons_path(target), reason_lines(refused)),
+                       (target, b"".join(r.line.raw.rstrip(b"\r") + b"\n" for r in refused))):
+        partial = path.with_name(path.name + ".tmp")
+        partial.write_bytes(data)
+        partial.replace(path)

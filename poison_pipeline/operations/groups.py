@@ -262,7 +262,30 @@ def _narrow(dataset: pads.Dataset, table: str) -> pa.Table:
     return dataset.to_table(columns=columns)
 
 
-def _table_groups(tables: QueueTables, table: str) -> list[FailureGroup]:
+@dataclass(frozen=True)
+class Window:
+    """Failures at or after `since` and before `until` (either open)."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise ValueError(f"since {self.since.isoformat()} is not before until {self.until.isoformat()}: "
+                             "no failure can fall between them")
+
+    def mask(self, times: pa.ChunkedArray) -> pa.ChunkedArray | None:
+        """Which of `times` fall in the window; None when the window is open on both sides."""
+        conditions = [pc.greater_equal(times, pa.scalar(self.since, times.type)) if self.since else None,
+                      pc.less(times, pa.scalar(self.until, times.type)) if self.until else None]
+        given = [c for c in conditions if c is not None]
+        if not given:
+            return None
+        # A row without a failure time falls in no window.
+        return pc.fill_null(given[0] if len(given) == 1 else pc.and_(*given), False)
+
+
+def _table_groups(tables: QueueTables, table: str, window: Window) -> list[FailureGroup]:
     opened = tables.open_if_exists(table)
     if opened is None:
         return []
@@ -270,6 +293,9 @@ def _table_groups(tables: QueueTables, table: str) -> list[FailureGroup]:
     narrow = _narrow(dataset, table)
     # Archived messages are known and ignored: they leave the groups.
     narrow = narrow.filter(pc.invert(archived_mask(tables, table, narrow)))
+    in_window = window.mask(narrow.column(FAILED_AT[table]))
+    if in_window is not None:
+        narrow = narrow.filter(in_window)
     summaries = summarise(narrow, FAILED_AT[table])
     wanted = sorted({m for s in summaries if not s.key.startswith(NO_ERROR) for m in s.example_ids})
     errors: dict[tuple[str, str], dict[str, str | None]] = {}
@@ -292,17 +318,18 @@ def _scope(declaration: Declaration, queue: str | None, table: str | None) -> tu
 
 
 def failure_groups(declaration: Declaration, queue: str | None = None,
-                   table: str | None = None) -> list[FailureGroup]:
+                   table: str | None = None, *, window: Window | None = None) -> list[FailureGroup]:
     """The failure groups of poison, dead_letter and quarantine (or `table`) of every queue (or
-    `queue`), biggest first; tables not created yet have none. KeyError for an undeclared queue,
-    ValueError for a table that is not one of FAILURE_TABLES."""
+    `queue`), biggest first, counting only the messages that failed in `window` (default: all);
+    tables not created yet have none. KeyError for an undeclared queue, ValueError for a table
+    that is not one of FAILURE_TABLES."""
     queues, names = _scope(declaration, queue, table)
     groups: list[FailureGroup] = []
     for name in queues:
         tables = QueueTables.of(declaration, name)
         notes = group_notes(declaration, name)
         for each in names:
-            groups.extend(replace(g, note=notes.get(g.id)) for g in _table_groups(tables, each))
+            groups.extend(replace(g, note=notes.get(g.id)) for g in _table_groups(tables, each, window or Window()))
     return _ordered(groups)
 
 
@@ -406,7 +433,7 @@ def locate_group(declaration: Declaration, group: str, queue: str | None = None,
     if not found:
         where = f"queue {queue!r}" if queue is not None else f"queues {', '.join(queues)}"
         raise UnknownGroup(group, f"no row of {', '.join(names)} in {where} is in this group "
-                                  "(`poison-pipeline groups` lists the groups)")
+                                  "(`poison-pipeline groups` lists the groups)", gone=True)
     return found
 
 

@@ -375,6 +375,8 @@ def _sources(declaration: Declaration, request: RedriveRequest) -> list[str]:
     try:
         found = {g.table for g in locate_group(declaration, request.group, request.queue)}
     except UnknownGroup as error:
+        if error.gone:  # its messages left: nothing to take, as with one source table
+            return list(request.source_tables)
         raise SelectionError(f"--group {error}") from None
     sources = [t for t in request.source_tables if t in found]
     if not sources:
