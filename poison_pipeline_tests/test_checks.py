@@ -166,7 +166,7 @@ def test_a_failure_table_s_depth_turns_yellow_then_red_and_green_once_its_messag
     with DagsterInstance.ephemeral() as instance:
         first = _checks(_cycle(declaration, instance))
         assert (first["poison:depth"].passed, first["poison:depth"].severity) == (False, AssetCheckSeverity.WARN)
-        assert "2 message(s) in poison (warn 1, error 3): at the warn level" in first["poison:depth"].description
+        assert "2 message(s) in poison (warn at 1, error at 3): at the warn level" in first["poison:depth"].description
         assert first["quarantine:depth"].passed and "no levels" in first["quarantine:depth"].description
         send(declaration, {"bad-2": {"fail": True}})
         second = _checks(_cycle(declaration, instance))["poison:depth"]
@@ -185,7 +185,7 @@ def test_two_level_oldest_waiting_errors_past_its_error_level(make_declaration):
     levels = declaration.queue("q").checks.oldest_waiting
     found = [check_oldest_waiting(tables, "inbound", levels, now + timedelta(minutes=m)) for m in (10, 20, 90)]
     assert [(f.passed, f.severity.value) for f in found] == [(True, "error"), (False, "warn"), (False, "error")]
-    assert "(warn 0:15:00, error 1:00:00): at the error level" in found[2].description
+    assert "(warn at 0:15:00, error at 1:00:00): at the error level" in found[2].description
 
 
 @pytest.mark.parametrize(("checks", "message"), [

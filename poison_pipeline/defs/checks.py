@@ -21,7 +21,7 @@ from dagster import (
 )
 
 from poison_pipeline.defs.naming import asset_key
-from poison_pipeline.domain.declaration import AgeLevels, Declaration, DepthLevels
+from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, POISON
 from poison_pipeline.operations.checks import (
     CONSERVATION,
@@ -71,18 +71,13 @@ def _specs(declaration: Declaration, queue: str) -> list[AssetCheckSpec]:
                        "runs and its sensors say why)."),
         *(AssetCheckSpec(OLDEST_WAITING, asset=asset_key(queue, table),
                          description="How long the oldest due message here has waited "
-                         f"({_levels(thresholds.oldest_waiting)}).")
+                         f"({thresholds.oldest_waiting.described()}).")
           for table in waiting),
         *(AssetCheckSpec(DEPTH, asset=asset_key(queue, table), additional_deps=after_sends,
-                         description=f"How many messages failed here ({_levels(thresholds.depth(table))}): "
+                         description=f"How many messages failed here ({thresholds.depth(table).described()}): "
                          "warn is yellow, error red.")
           for table in FAILURE_TABLES),
     ]
-
-
-def _levels(levels: AgeLevels | DepthLevels) -> str:
-    return ", ".join(f"{name} at {value}" for name, value in (("warn", levels.warn), ("error", levels.error))
-                     if value is not None) or "no levels: always passes"
 
 
 def check_keys(declaration: Declaration, queue: str) -> list[AssetCheckKey]:

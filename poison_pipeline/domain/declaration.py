@@ -8,7 +8,7 @@ import os
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -112,11 +112,29 @@ def _positive_duration(name: str, value: timedelta, example: str) -> timedelta:
     return value
 
 
-class DepthLevels(BaseModel):
-    """How many messages in a failure table make its check fail: at `warn` or more, a warning; at
-    `error` or more, an error (either may be left out)."""
+class _Levels(BaseModel):
+    """A check's two levels, `warn` below `error`; either may be left out (none: it always passes)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warn: Any = None
+    error: Any = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.warn is not None and self.error is not None and self.error < self.warn:
+            raise ValueError(f"error ({self.error}) is below warn ({self.warn})")
+        return self
+
+    def described(self) -> str:
+        """The levels as checks' descriptions name them: `warn at 1, error at 100`."""
+        return ", ".join(f"{name} at {value}" for name, value in (("warn", self.warn), ("error", self.error))
+                         if value is not None) or "no levels: always passes"
+
+
+class DepthLevels(_Levels):
+    """How many messages in a failure table make its check fail: at `warn` or more, a warning; at
+    `error` or more, an error (either may be left out)."""
 
     warn: int | None = None
     error: int | None = None
@@ -133,18 +151,10 @@ class DepthLevels(BaseModel):
             raise ValueError(f"a level is a number of messages, 1 or more, not {value}")
         return value
 
-    @model_validator(mode="after")
-    def _ordered(self) -> DepthLevels:
-        if self.warn is not None and self.error is not None and self.error < self.warn:
-            raise ValueError(f"error ({self.error}) is below warn ({self.warn})")
-        return self
 
-
-class AgeLevels(BaseModel):
+class AgeLevels(_Levels):
     """How long the oldest due message may wait before its table's check fails: past `warn`, a
     warning; past `error`, an error. A plain duration is `warn` alone."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     warn: Duration | None = None
     error: Duration | None = None
@@ -160,12 +170,6 @@ class AgeLevels(BaseModel):
     @classmethod
     def _positive(cls, value: timedelta | None) -> timedelta | None:
         return None if value is None else _positive_duration("oldest_waiting", value, "1h")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> AgeLevels:
-        if self.warn is not None and self.error is not None and self.error < self.warn:
-            raise ValueError(f"error ({self.error}) is below warn ({self.warn})")
-        return self
 
 
 # By default a message in a failure table is a warning: the asset graph shows it until it leaves.

@@ -143,17 +143,12 @@ def reached(value: float, warn: float | None, error: float | None, *, inclusive:
     return Severity.ERROR if past(error) else Severity.WARN if past(warn) else None
 
 
-def _levels_text(warn: object, error: object) -> str:
-    given = [f"{name} {level}" for name, level in (("warn", warn), ("error", error)) if level is not None]
-    return ", ".join(given) or "no levels"
-
-
 def check_depth(tables: QueueTables, table: str, levels: DepthLevels) -> CheckOutcome:
     """How many messages the failure table holds (archived ones left out), against its levels."""
     rows: int = remembered(tables, f"{DEPTH}-{table}", lambda read: (
         read.open(table).count() - archived_count(read, table) if read.exists(table) else 0), int, int)
     level = reached(rows, levels.warn, levels.error, inclusive=True)
-    description = f"{rows} message(s) in {table} ({_levels_text(levels.warn, levels.error)})"
+    description = f"{rows} message(s) in {table} ({levels.described()})"
     if level is not None:
         description += f": at the {level.value} level; `poison-pipeline groups` says why they failed"
     return CheckOutcome(DEPTH, table, level or _top(levels.error), level is None, description, {
@@ -174,7 +169,7 @@ def check_oldest_waiting(tables: QueueTables, table: str, levels: AgeLevels,
                      lambda kept: None if kept is None else datetime.fromisoformat(kept))
     age = max((now - due).total_seconds(), 0.0) if due is not None and due <= now else 0.0
     level = reached(age, _seconds(levels.warn), _seconds(levels.error), inclusive=False)
-    thresholds = _levels_text(levels.warn, levels.error)
+    thresholds = levels.described()
     if due is None or due > now:
         description = f"no message is due ({thresholds})"
     else:
