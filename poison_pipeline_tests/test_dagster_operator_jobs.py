@@ -135,7 +135,7 @@ def test_purge_without_confirm_only_previews_then_deletes_and_undo_brings_them_b
     purged = launch(lake, "purge", {"table": "poison", "older_than": "30d", "confirm": True})
     assert purged.success and "old" not in places(lake)
     action = action_of(lake, "purge")
-    assert action.action_id == f"purge-{purged.run_id}" and action.run_id == purged.run_id
+    assert action.action_id == f"purge--run-{purged.run_id}" and action.run_id == purged.run_id
     undone = launch(lake, "undo", {"action_id": action.action_id, "actor": "dave"})
     assert undone.success and places(lake)["old"] == ["poison"]
     undo = action_of(lake, "undo")
@@ -176,7 +176,7 @@ def test_invalid_config_fails_before_touching_any_table_naming_what_is_wrong(lak
 def test_undo_of_another_queues_action_names_the_job_to_run(lake):
     purged = launch(lake, "purge", {"table": "poison", "older_than": "30d", "confirm": True})
     before = table_versions(lake)
-    result = launch(lake, "undo", {"action_id": f"purge-{purged.run_id}"}, queue="other")
+    result = launch(lake, "undo", {"action_id": f"purge--run-{purged.run_id}"}, queue="other")
     assert not result.success and "run q__undo" in failure_text(result)
     assert table_versions(lake) == before
 

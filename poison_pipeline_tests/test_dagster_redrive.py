@@ -32,7 +32,8 @@ from dagster._daemon.backfill import execute_backfill_iteration
 
 from poison_pipeline.defs.build import build_definitions
 from poison_pipeline.defs.naming import QUEUE_TAG, USER_TAG, job_name, redrive_asset_key, redrive_job_name
-from poison_pipeline.defs.redrive import REDRIVE_START, redrive_id
+from poison_pipeline.defs.redrive import REDRIVE_START
+from poison_pipeline.domain.names import ActionName
 from poison_pipeline.operations.actions import DONE, find_action, list_actions
 from poison_pipeline.operations.conservation import conservation
 from poison_pipeline.operations.cycle import run_cycle
@@ -57,6 +58,11 @@ POLICY = {"receive_retry_count": 0, "max_retry_cycles": 0, "retry_cycle_delay": 
 TODAY = datetime.now(UTC).replace(hour=10, minute=0, second=0, microsecond=0)
 DAYS = [TODAY - timedelta(days=d) for d in (3, 2, 1)]  # three days with failures, oldest first
 OP = "q__redrive"
+
+
+def run_redrive_id(root_run_id: str) -> str:
+    """The redrive a run chain runs when its config names no id."""
+    return str(ActionName.of_run("redrive", root_run_id))
 
 
 def day(index: int) -> str:
@@ -143,7 +149,7 @@ def test_a_range_of_two_days_is_redriven_in_one_run_and_the_third_day_stays(lake
     # One redrive per source table, recorded with the run and the user who launched it.
     actions = {a.action_id: a for a in list_actions(lake, "q")}
     assert sorted(seen["redrive_ids"]) == sorted(actions)
-    assert sorted(actions) == sorted(f"{redrive_id(result.run_id)}--{t}" for t in ("poison", "quarantine"))
+    assert sorted(actions) == sorted(f"{run_redrive_id(result.run_id)}--{t}" for t in ("poison", "quarantine"))
     assert all(a.state == DONE and a.actor == "alice" and a.run_id == result.run_id for a in actions.values())
 
 
@@ -193,7 +199,7 @@ def test_an_unknown_source_table_is_refused_by_the_launch_config_before_any_run(
     ({"limit": 0}, "limit"),
     ({"where": "message_id = 'x'; DROP TABLE poison"}, "where"),
     ({"where": "no_such_column = 1"}, "is not a predicate over the columns"),
-    ({"group": "0000beef"}, "--group failure group '0000beef'"),
+    ({"group": "nope"}, "--group failure group 'nope': not a group id"),
 ])
 def test_invalid_config_fails_before_touching_any_table_naming_what_is_wrong(lake, config, says):
     before = table_versions(lake)
@@ -248,7 +254,7 @@ def test_re_executing_a_run_that_failed_half_way_completes_it_without_moving_any
     assert where["d2-withdrawal"] == where["d2-refund"] == ["inbound"]
     assert sorted(r["message_id"] for r in rows(lake, "inbound")) == ["d2-refund", "d2-withdrawal"]
     [action] = list_actions(lake, "q")
-    assert action.action_id == redrive_id(first.run_id)
+    assert action.action_id == run_redrive_id(first.run_id)
     assert action.state == DONE and action.counts["moved"] == 2
     assert conservation(QueueTables.of(lake, "q")).accounted == 6
 
@@ -291,7 +297,7 @@ def test_a_redrive_and_a_cycle_of_the_same_queue_launched_together_run_one_after
     assert where["slow"] == ["processed:processed"]
     assert all(where[f"d{i}-{kind}"] == ["inbound"] for i in range(3) for kind in ("withdrawal", "refund"))
     assert conservation(QueueTables.of(lake, "q")).accounted == 7
-    assert find_action(QueueTables.of(lake, "q"), f"{redrive_id(results[redrive_job_name('q')].run_id)}--poison")
+    assert find_action(QueueTables.of(lake, "q"), f"{run_redrive_id(results[redrive_job_name('q')].run_id)}--poison")
 
 
 @pytest.mark.e2e

@@ -32,6 +32,7 @@ from poison_pipeline.operations.cycle import run_cycle
 from poison_pipeline.operations.edit import EditRequest
 from poison_pipeline.operations.records import enqueue
 from poison_pipeline.operations.redrive import RedriveRequest, redrive_table
+from poison_pipeline.operations.requests import DERIVED_ID
 from poison_pipeline.operations.selection import Selection
 from poison_pipeline.operations.undo import undo_action
 from poison_pipeline.storage.tables import QueueTables
@@ -81,7 +82,8 @@ def test_a_redrive_named_like_the_products_own_transactions_moves_every_message(
     assert conservation(QueueTables.of(declaration, "q")).accounted == 4
 
 
-@pytest.mark.parametrize("given_id", ["fix--poison", "fix--undo", "redrive--0123456789ab", "fix-"])
+@pytest.mark.parametrize("given_id", ["fix--poison", "fix--undo", "redrive--0123456789ab", "fix-",
+                                      "purge--run-4f1c2b9a-0d3e-4c55-9a61-2b7f0e8d9c10"])
 def test_an_id_the_product_could_derive_is_refused_at_the_door(lake, given_id, tmp_path, capsys):  # noqa: F811
     declaration, _ = lake
     with pytest.raises(ValueError, match="no '--' inside"):
@@ -292,3 +294,14 @@ def test_undo_leaves_alone_a_transmission_s_batch_named_like_the_redrive(spark, 
     assert undo_action(declaration, "tx-orders").restored == 1
     assert ids_in(declaration, "inbound", "target") == ["orders:1001/1"]
     assert ids_in(declaration, "poison", "target") == ["own-1"]
+
+
+def test_a_dagster_runs_action_is_named_after_its_run_chain_and_read_under_its_earlier_name() -> None:
+    root = "4f1c2b9a-0d3e-4c55-9a61-2b7f0e8d9c10"
+    name = ActionName.of_run("redrive", root)
+    assert str(name) == f"redrive--run-{root}" and ActionName.parse(str(name)) == name
+    # What an earlier version called the same run's redrive: a re-execution after an upgrade finds it.
+    assert name.spellings() == (f"redrive--run-{root}", f"redrive-{root}")
+    assert not name.is_default
+    # The product may give a request this id; an operator may not (above).
+    assert RedriveRequest.model_validate({"queue": "q", "id": str(name)}, context=DERIVED_ID).id == str(name)

@@ -34,7 +34,7 @@ from poison_pipeline.defs.naming import (
     operator_op_name,
     simulation_asset_key,
 )
-from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
+from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, run_request
 from poison_pipeline.domain.declaration import Declaration, policy_of_yaml
 from poison_pipeline.domain.durations import parse_duration
 from poison_pipeline.operations.archive import (
@@ -112,9 +112,13 @@ class SimulateConfig(OperatorConfig):
         return True  # a simulation changes nothing
 
 
+def _fields(config: OperatorConfig, **values: Any) -> dict[str, Any]:
+    """The action's request's fields from a job's run config (what the config leaves out, the job says)."""
+    return config.model_dump(exclude={"actor"}) | values
+
+
 def _request(model: type[Request], config: OperatorConfig, **values: Any) -> Any:
-    """The action's request from a job's run config (what the config leaves out, the job says)."""
-    return model.model_validate(config.model_dump(exclude={"actor"}) | values)
+    return model.model_validate(_fields(config, **values))
 
 
 def _context(context: OpExecutionContext, config: OperatorConfig) -> ActionContext:
@@ -177,7 +181,7 @@ def _edit(declaration: Declaration, queue: str) -> Callable[..., Output]:
 def _purge(declaration: Declaration, queue: str) -> Callable[..., Output]:
     def run(context: OpExecutionContext, config: PurgeConfig) -> Output:
         # Derived from the run: re-executing a failed purge run completes that purge.
-        request = _request(PurgeRequest, config, queue=queue, id=config.id or f"purge-{root_run_id(context)}")
+        request = run_request(PurgeRequest, _fields(config, queue=queue), context, "purge")
         result = purge(declaration, request, _context(context, config))
         context.log.info(format_purge(result) + ("" if config.confirm else "\n  set confirm: true to delete them"))
         return _output(result, purged=result.purged if config.confirm else 0, would_purge=result.purged)
@@ -188,7 +192,7 @@ def _purge(declaration: Declaration, queue: str) -> Callable[..., Output]:
 def _archive(declaration: Declaration, queue: str) -> Callable[..., Output]:
     def run(context: OpExecutionContext, config: ArchiveConfig) -> Output:
         # Derived from the run: re-executing a failed run completes that archive.
-        request = _request(ArchiveRequest, config, queue=queue, id=config.id or f"{ARCHIVE}-{root_run_id(context)}")
+        request = run_request(ArchiveRequest, _fields(config, queue=queue), context, ARCHIVE)
         return _archived(context, archive(declaration, request, _context(context, config)))
 
     return run
@@ -196,7 +200,7 @@ def _archive(declaration: Declaration, queue: str) -> Callable[..., Output]:
 
 def _restore(declaration: Declaration, queue: str) -> Callable[..., Output]:
     def run(context: OpExecutionContext, config: RestoreConfig) -> Output:
-        request = _request(RestoreRequest, config, queue=queue, id=config.id or f"{RESTORE}-{root_run_id(context)}")
+        request = run_request(RestoreRequest, _fields(config, queue=queue), context, RESTORE)
         return _archived(context, restore(declaration, request, _context(context, config)))
 
     return run

@@ -55,7 +55,7 @@ from poison_pipeline.defs.naming import (
     redrive_group_job_name,
     redrive_job_name,
 )
-from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, root_run_id
+from poison_pipeline.defs.run_config import ACTOR_HELP, actor_of, run_request
 from poison_pipeline.defs.sensors import parse_cursor
 from poison_pipeline.domain.declaration import Declaration
 from poison_pipeline.domain.routing import DEAD_LETTER, FAILURE_TABLES, INBOUND, POISON, QUARANTINE
@@ -93,11 +93,6 @@ class RedriveConfig(Config, RedriveOptions):
     source_tables: list[SourceTable] = Field(  # type: ignore[assignment]
         default_factory=lambda: list(SourceTable), description=RedriveOptions.model_fields["source_tables"].description)
     actor: str | None = Field(default=None, description=ACTOR_HELP)
-
-
-def redrive_id(root: str) -> str:
-    """One redrive per run chain: a re-execution resumes it, a new run starts another."""
-    return f"redrive-{root}"
 
 
 def _metadata(request: RedriveRequest, scope: dict[str, str], results: list[RedriveResult],
@@ -169,8 +164,8 @@ def redrive_asset(declaration: Declaration, queue: str) -> AssetsDefinition:
 def _request(context: AssetExecutionContext, queue: str, config: RedriveConfig,
              chosen: dict[str, Any]) -> RedriveRequest:
     fields = config.model_dump(exclude={"actor"}) | {"source_tables": [str(t) for t in config.source_tables]}
-    return RedriveRequest.model_validate(fields | chosen | {
-        "queue": queue, "id": config.id or redrive_id(root_run_id(context.op_execution_context))})
+    # One redrive per run chain: a re-execution resumes it, a new run starts another.
+    return run_request(RedriveRequest, fields | chosen | {"queue": queue}, context.op_execution_context, "redrive")
 
 
 def _redrive(context: AssetExecutionContext, declaration: Declaration, request: RedriveRequest,

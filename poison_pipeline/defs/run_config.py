@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from dagster import OpExecutionContext
 
 from poison_pipeline.defs.naming import ACTOR_TAG, USER_TAG
+from poison_pipeline.domain.names import ActionName
+from poison_pipeline.operations.requests import DERIVED_ID, Request
+
+R = TypeVar("R", bound=Request)
 
 DAGSTER_ACTOR = "dagster"
 
@@ -25,3 +31,12 @@ def root_run_id(context: OpExecutionContext) -> str:
     re-executing a failed run completes its action instead of starting another."""
     return context.run.root_run_id or context.run.run_id
 
+
+
+def run_request(model: type[R], fields: dict[str, Any], context: OpExecutionContext, kind: str) -> R:
+    """An action's request from a run's config: its id the config's, else the run chain's
+    (`<kind>--run-<root run id>`, which no operator can type), so a re-execution resumes it."""
+    if fields.get("id") is not None:
+        return model.model_validate(fields)
+    return model.model_validate(fields | {"id": str(ActionName.of_run(kind, root_run_id(context)))},
+                                context=DERIVED_ID)

@@ -8,8 +8,9 @@ that no operator id, queue name or table name can reach:
   ending with `-` (`OPERATOR_ID_RULE`). Every id the product derives from another is that id and
   its derivation joined by `--`: `<id>--<table>` (a redrive of several tables, one per table),
   `<id>--redrive` (an edit's redrive), `<id>--step<k>` (a ramp's steps), `<id>--undo` (its undo),
-  and a default id is `<kind>--<12 hex digits>`. So a derived id is never one an operator may give,
-  and it names one base and one chain of derivations.
+  and a default id is `<kind>--<12 hex digits>`; a Dagster run's, `<kind>--run-<root run id>` (its
+  re-executions resume it). So a derived id is never one an operator may give, and it names one
+  base and one chain of derivations.
 - **batch ids** of a redrive's copies: `<action id>/<chunk>`; a ramp's parked copies:
   `<ramp id>/parked`. An action id holds no `/`, and the cycles' and transmissions' own batch ids
   (`inbound-3-1a2b3c4d`, `tx-orders-5`) hold none either.
@@ -39,6 +40,7 @@ OPERATOR_ID_RULE = "no '--' inside and no '-' at the end (the product derives it
 EDIT_REDRIVE = "redrive"
 UNDO = "undo"
 _STEP = "step"
+_RUN = "run-"
 _DEFAULT = re.compile(r"[0-9a-f]{12}")
 
 
@@ -80,6 +82,12 @@ class ActionName:
         action. Twelve hex digits are none of the derivations' words."""
         return cls(kind, (uuid.uuid4().hex[:12],))
 
+    @classmethod
+    def of_run(cls, kind: str, root_run_id: str) -> ActionName:
+        """The action a Dagster run chain (named by its first run) runs when given no id: re-executing
+        a failed run resumes it instead of starting another."""
+        return cls(kind, (f"{_RUN}{root_run_id}",))
+
     def of_source(self, table: str) -> ActionName:
         """The redrive of one of the tables a redrive of several takes from."""
         return self.derived(table)
@@ -106,6 +114,8 @@ class ActionName:
         if parent is None or self.is_default:
             return None
         last = self.steps[-1]
+        if len(self.steps) == 1 and last.startswith(_RUN):
+            return f"{parent}-{last[len(_RUN):]}"  # a run's action: `redrive-<root run id>`
         if last == UNDO:
             return f"undo-{parent}"
         if last.startswith(_STEP) and last[len(_STEP):].isdigit():

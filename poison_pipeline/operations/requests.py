@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo
 
-from poison_pipeline.domain.paths import UnsafeName, operator_id
+from poison_pipeline.domain.paths import UnsafeName, action_id_part, operator_id
 from poison_pipeline.domain.routing import FAILURE_TABLES
 from poison_pipeline.operations.actions import default_actor
 
-__all__ = ["ActionContext", "ActionId", "FailureTable", "Request", "action_id", "failure_table", "not_blank"]
+__all__ = ["DERIVED_ID", "ActionContext", "ActionId", "FailureTable", "Request", "action_id", "failure_table",
+           "not_blank"]
 
 
 class Request(BaseModel):
@@ -55,9 +56,17 @@ def failure_table(value: str) -> str:
     return value
 
 
-def action_id(value: str | None) -> str | None:
+# The validation context of a request whose id the product derived (ActionName.of_run), not an
+# operator: such an id is checked as a lake path part only, since it holds the separator operators'
+# ids may not.
+DERIVED_ID = {"derived_id": True}
+
+
+def action_id(value: str | None, info: ValidationInfo) -> str | None:
     """An action id given: it names a folder of the lake, so it stays plain."""
     try:
+        if info.context is not None and info.context.get("derived_id"):
+            return action_id_part(value)
         return operator_id(value)
     except UnsafeName as unsafe:  # the field's name is said by whoever shows the error
         raise ValueError(str(unsafe).removeprefix("--id ")) from None
