@@ -59,6 +59,7 @@ BENCHMARKS = (
     Benchmark("object_store_cycle"),
     Benchmark("latency"),
     Benchmark("simulate_cost"),
+    Benchmark("one_log_race"),
 )
 
 
