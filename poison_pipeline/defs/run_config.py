@@ -32,7 +32,6 @@ def root_run_id(context: OpExecutionContext) -> str:
     return context.run.root_run_id or context.run.run_id
 
 
-
 def run_request(model: type[R], fields: dict[str, Any], context: OpExecutionContext, kind: str) -> R:
     """An action's request from a run's config: its id the config's, else the run chain's
     (`<kind>--run-<root run id>`, which no operator can type), so a re-execution resumes it."""
