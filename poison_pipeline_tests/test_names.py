@@ -296,12 +296,15 @@ def test_undo_leaves_alone_a_transmission_s_batch_named_like_the_redrive(spark, 
     assert ids_in(declaration, "poison", "target") == ["own-1"]
 
 
-def test_a_dagster_runs_action_is_named_after_its_run_chain_and_read_under_its_earlier_name() -> None:
+def test_a_dagster_runs_action_is_named_after_its_run_chain_and_by_nothing_an_operator_may_type() -> None:
     root = "4f1c2b9a-0d3e-4c55-9a61-2b7f0e8d9c10"
     name = ActionName.of_run("redrive", root)
     assert str(name) == f"redrive--run-{root}" and ActionName.parse(str(name)) == name
-    # What an earlier version called the same run's redrive: a re-execution after an upgrade finds it.
-    assert name.spellings() == (f"redrive--run-{root}", f"redrive-{root}")
-    assert not name.is_default
+    # No earlier spelling: `redrive-<root>`, an earlier version's name for the run's redrive, is an
+    # id an operator may type; neither it nor its undo or ramp steps are looked up for this action.
+    assert name.spellings() == (f"redrive--run-{root}",)
+    assert name.undo().spellings() == (f"redrive--run-{root}--undo",)
+    assert name.ramp_step(1).spellings() == (f"redrive--run-{root}--step1",)
+    assert name.is_run and not name.is_default
     # The product may give a request this id; an operator may not (above).
     assert RedriveRequest.model_validate({"queue": "q", "id": str(name)}, context=DERIVED_ID).id == str(name)

@@ -24,7 +24,10 @@ that no operator id, queue name or table name can reach:
 Lakes written before these namespaces stay readable: a batch's parser also reads its earlier form
 (`<id>-<chunk>`), and each name knows its earlier spelling (`undo-<id>`, `<id>-redrive`, `<id>-<k>`
 ramp steps, `poison_pipeline/<queue>/<id>` transactions): a lookup tries both, so an action begun by
-an earlier version is found and completes under the names it began with.
+an earlier version is found and completes under the names it began with. A Dagster run's action
+(`<kind>--run-<root run id>`) has no earlier spelling: an earlier version named that run's action
+`<kind>-<root run id>`, which is another action, found by its own id, and an id an operator may
+type, so nothing derived from a run's action is looked up under it.
 """
 
 from __future__ import annotations
@@ -102,6 +105,11 @@ class ActionName:
         return self.derived(UNDO)
 
     @property
+    def is_run(self) -> bool:
+        """A Dagster run's action (ActionName.of_run), not one derived from another."""
+        return len(self.steps) == 1 and self.steps[0].startswith(_RUN)
+
+    @property
     def is_default(self) -> bool:
         return len(self.steps) == 1 and _DEFAULT.fullmatch(self.steps[0]) is not None
 
@@ -111,11 +119,9 @@ class ActionName:
         if not self.steps:
             return self.base
         parent = ActionName(self.base, self.steps[:-1]).legacy()
-        if parent is None or self.is_default:
+        if parent is None or self.is_default or self.is_run:
             return None
         last = self.steps[-1]
-        if len(self.steps) == 1 and last.startswith(_RUN):
-            return f"{parent}-{last[len(_RUN):]}"  # a run's action: `redrive-<root run id>`
         if last == UNDO:
             return f"undo-{parent}"
         if last.startswith(_STEP) and last[len(_STEP):].isdigit():
