@@ -318,7 +318,7 @@ def _scope(declaration: Declaration, queue: str | None, table: str | None) -> tu
 
 
 def failure_groups(declaration: Declaration, queue: str | None = None,
-                   table: str | None = None, *, window: Window | None = None) -> list[FailureGroup]:
+                   table: str | None = None, *, window: Window = Window()) -> list[FailureGroup]:
     """The failure groups of poison, dead_letter and quarantine (or `table`) of every queue (or
     `queue`), biggest first, counting only the messages that failed in `window` (default: all);
     tables not created yet have none. KeyError for an undeclared queue, ValueError for a table
@@ -329,7 +329,7 @@ def failure_groups(declaration: Declaration, queue: str | None = None,
         tables = QueueTables.of(declaration, name)
         notes = group_notes(declaration, name)
         for each in names:
-            groups.extend(replace(g, note=notes.get(g.id)) for g in _table_groups(tables, each, window or Window()))
+            groups.extend(replace(g, note=notes.get(g.id)) for g in _table_groups(tables, each, window))
     return _ordered(groups)
 
 
